@@ -1,0 +1,18 @@
+"""quantflow: `doit` builds the INT8 model described by quantflow.toml (or `doit config=FILE`).
+
+The task definitions live in tasks/, the logic in the quantflow package.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tasks.pipeline import (  # noqa: E402,F401  (doit collects the task_* names)
+    task_aipp, task_atc, task_calibrate, task_export, task_gate, task_sample, task_summary, task_train,
+)
+
+DOIT_CONFIG = {
+    "default_tasks": ["train", "sample", "calibrate", "export", "aipp", "atc", "gate", "summary"],
+    "verbosity": 2,
+    "dep_file": "build/.doit.db",
+}

@@ -1,0 +1,217 @@
+"""The pipeline configuration: one pydantic model loaded from a TOML file.
+
+Every section forbids unknown keys, and every invalid value is rejected with a
+message that names the offending field (``ConfigError``).  Relative paths are
+resolved against the directory holding the configuration file.
+"""
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+DEFAULT_CONFIG_NAME = "quantflow.toml"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_entry(value: str) -> str:
+    module, sep, attr = value.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"must look like 'package.module:callable', got {value!r}")
+    return value
+
+
+class ModelSection(_Section):
+    entry: str = Field(description="'package.module:callable' returning the (untrained) mindspore.nn.Cell")
+    checkpoint: Path = Field(description="MindSpore .ckpt with the trained weights")
+    input_shape: tuple[int, int, int, int] = Field(description="N, C, H, W of the network input")
+    input_name: str = Field(default="x", description="name of the graph input, used for atc --input_shape")
+    num_classes: int = Field(gt=1)
+
+    @field_validator("entry")
+    @classmethod
+    def _entry(cls, v):
+        return _check_entry(v)
+
+    @field_validator("input_shape")
+    @classmethod
+    def _positive(cls, v):
+        if any(d <= 0 for d in v):
+            raise ValueError(f"every dimension must be positive, got {list(v)}")
+        if v[1] not in (1, 3):
+            raise ValueError(f"channels must be 1 or 3 (image input), got {v[1]}")
+        return v
+
+
+class NormalizationSection(_Section):
+    mean: tuple[float, ...] = Field(description="per-channel mean, in the domain given by 'scale'")
+    std: tuple[float, ...] = Field(description="per-channel std, in the domain given by 'scale'")
+    scale: Literal["0-1", "0-255"] = Field(description="pixel domain mean/std refer to: pixels/255 or raw pixels")
+    channel_order: Literal["RGB", "BGR", "GRAY"] = Field(description="channel order the network was trained on")
+    reference: Optional[str] = Field(
+        default=None,
+        description="optional 'module:callable' of the training preprocessing (BGR uint8 HWC image -> float CHW); "
+        "the AIPP check compares against it when given",
+    )
+
+    @field_validator("std")
+    @classmethod
+    def _std_positive(cls, v):
+        if any(s <= 0 for s in v):
+            raise ValueError(f"every std must be > 0, got {list(v)}")
+        return v
+
+    @field_validator("reference")
+    @classmethod
+    def _ref(cls, v):
+        return None if v is None else _check_entry(v)
+
+    @model_validator(mode="after")
+    def _lengths(self):
+        if len(self.mean) != len(self.std):
+            raise ValueError(f"mean has {len(self.mean)} values but std has {len(self.std)}")
+        if self.channel_order == "GRAY" and len(self.mean) != 1:
+            raise ValueError("channel_order GRAY needs exactly one mean/std value")
+        if self.channel_order != "GRAY" and len(self.mean) != 3:
+            raise ValueError(f"channel_order {self.channel_order} needs three mean/std values")
+        return self
+
+
+class CalibrationSection(_Section):
+    data_dir: Path = Field(description="folder of per-class sub-folders of calibration images")
+    count: int = Field(gt=0, description="number of images to sample")
+    per_class_min: int = Field(default=1, ge=0, description="at least this many images of every class")
+    seed: int = Field(default=0, ge=0)
+    method: Literal["minmax", "percentile", "kl"] = "kl"
+    percentile: float = Field(default=99.99, gt=50.0, le=100.0)
+    histogram_bins: int = Field(default=2048, ge=256, le=16384)
+    batch_size: int = Field(default=32, gt=0)
+    on_bad_image: Literal["error", "skip"] = Field(
+        default="error", description="unreadable / wrong-size images fail the build, or are skipped and listed")
+
+
+class EvaluationSection(_Section):
+    data_dir: Path = Field(description="held-out per-class image folders for the accuracy gate")
+    threshold: float = Field(ge=0.0, le=1.0, description="largest allowed top-1 accuracy drop (fraction, 0.01 = 1 point)")
+    batch_size: int = Field(default=64, gt=0)
+
+
+class AippSection(_Section):
+    template: Path = Field(description="template from aipp_templates/")
+    input_channel_order: Literal["RGB", "BGR", "GRAY"] = Field(
+        default="BGR", description="channel order of the raw frames fed to the model on the device")
+    config_file: Optional[Path] = Field(
+        default=None, description="a hand-written AIPP config to verify and use instead of the generated one")
+    tolerance: float = Field(default=5e-3, gt=0.0, description="largest allowed |AIPP - training| difference, relative to max(1, |value|)")
+    verify_images: int = Field(default=32, gt=0, description="calibration images used for the AIPP check")
+
+
+class BuildSection(_Section):
+    output_dir: Path = Path("build")
+    soc_version: str = "Ascend310P3"
+    precision_mode: Literal[
+        "force_fp32", "force_fp16", "allow_fp32_to_fp16", "must_keep_origin_dtype", "allow_mix_precision"
+    ] = "allow_fp32_to_fp16"
+    atc_timeout_s: int = Field(default=1800, gt=0)
+    require_om: bool = Field(default=False, description="fail (instead of skipping) when no .om can be built")
+
+    @field_validator("soc_version")
+    @classmethod
+    def _soc(cls, v):
+        if not v.startswith("Ascend"):
+            raise ValueError(f"must name an Ascend SoC such as Ascend310P3, got {v!r}")
+        return v
+
+
+class TrainSection(_Section):
+    entry: str = Field(description="'module:callable(config, checkpoint_path) -> metrics dict' that trains the model")
+    epochs: int = Field(default=12, gt=0)
+    seed: int = Field(default=0, ge=0)
+    min_accuracy: float = Field(default=0.9, ge=0.0, le=1.0, description="fail training below this held-out accuracy")
+
+    @field_validator("entry")
+    @classmethod
+    def _entry(cls, v):
+        return _check_entry(v)
+
+
+class QuantflowConfig(_Section):
+    model: ModelSection
+    normalization: NormalizationSection
+    calibration: CalibrationSection
+    evaluation: EvaluationSection
+    aipp: AippSection
+    build: BuildSection = BuildSection()
+    train: Optional[TrainSection] = None
+
+    # directory the configuration file lives in; relative paths are resolved against it
+    root: Path = Field(default=Path("."), exclude=True)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        c = self.model.input_shape[1]
+        n = len(self.normalization.mean)
+        if c != n:
+            raise ValueError(
+                f"model.input_shape has {c} channel(s) but normalization.mean has {n} value(s)")
+        if (c == 1) != (self.aipp.input_channel_order == "GRAY"):
+            raise ValueError("aipp.input_channel_order must be GRAY exactly when the model has one input channel")
+        if self.calibration.per_class_min * self.model.num_classes > self.calibration.count:
+            raise ValueError(
+                f"calibration.count={self.calibration.count} cannot hold per_class_min="
+                f"{self.calibration.per_class_min} images of each of {self.model.num_classes} classes")
+        return self
+
+    def path(self, p: Path) -> Path:
+        """Resolve a configured path against the configuration's directory."""
+        p = Path(p)
+        return p if p.is_absolute() else (self.root / p)
+
+    @property
+    def out(self) -> Path:
+        return self.path(self.build.output_dir)
+
+    def canonical_json(self) -> str:
+        """A stable text of every setting (paths as written), for content hashing."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {field}: unknown key")
+        elif e["type"] == "missing":
+            lines.append(f"  {field}: required but missing")
+        else:
+            lines.append(f"  {field}: {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def config_from_dict(data: dict, root: Path | str = ".", source: str = "<dict>") -> QuantflowConfig:
+    try:
+        return QuantflowConfig.model_validate({**data, "root": Path(root)})
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+
+
+def load_config(path: Path | str = DEFAULT_CONFIG_NAME) -> QuantflowConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"configuration file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path} is not valid TOML: {err}") from None
+    if "root" in data:
+        raise ConfigError(f"invalid configuration in {path}:\n  root: unknown key")
+    return config_from_dict(data, root=path.resolve().parent, source=str(path))

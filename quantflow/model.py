@@ -1,0 +1,53 @@
+"""Building the user's network from the configured entry point and loading its checkpoint."""
+from __future__ import annotations
+
+import importlib
+import inspect
+from pathlib import Path
+
+from .errors import ConfigError, QuantflowError
+
+
+def load_entry(entry: str, field: str):
+    module_name, _, attr = entry.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(f"{field}: cannot import module {module_name!r}: {err}") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{field}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(f"{field}: {entry!r} is not callable")
+    return obj
+
+
+def build_network(cfg, load_weights: bool = True):
+    """Instantiate ``model.entry`` (passing num_classes when it takes it) and load ``model.checkpoint``."""
+    import mindspore as ms
+    from mindspore import nn
+
+    factory = load_entry(cfg.model.entry, "model.entry")
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    net = factory(num_classes=cfg.model.num_classes) if "num_classes" in params else factory()
+    if not isinstance(net, nn.Cell):
+        raise ConfigError(f"model.entry: {cfg.model.entry!r} returned {type(net).__name__}, not a mindspore.nn.Cell")
+    if load_weights:
+        ckpt = Path(cfg.path(cfg.model.checkpoint))
+        if not ckpt.is_file():
+            raise ConfigError(f"model.checkpoint: file not found: {ckpt}")
+        try:
+            param_dict = ms.load_checkpoint(str(ckpt))
+        except Exception as err:  # MindSpore raises plain ValueError/RuntimeError on corrupt files
+            raise QuantflowError(f"model.checkpoint: cannot read {ckpt}: {err}") from None
+        not_loaded, _ = ms.load_param_into_net(net, param_dict, strict_load=False)
+        missing = [p for p in not_loaded if not p.endswith(("moments", "global_step"))]
+        if missing:
+            raise QuantflowError(f"model.checkpoint {ckpt} does not match the network; missing: {', '.join(missing[:10])}")
+    net.set_train(False)
+    return net

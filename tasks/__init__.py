@@ -1,0 +1,1 @@
+"""doit task definitions of the quantflow pipeline (loaded by dodo.py)."""

@@ -1,0 +1,369 @@
+"""The quantflow doit task graph.
+
+    train (optional) -> sample -> calibrate -> gate ----------\
+                            \--> aipp ------\                  >-> summary
+                  export -------------------> atc ------------/
+
+``train`` and ``sample`` are tracked by doit (file dependencies and config sections).  Every
+later stage writes into ``<output_dir>/artifacts/<key>/`` where the key is a content hash of
+the checkpoint, configuration, calibration manifest, evaluation images, AIPP source and tool
+versions (quantflow.cache); those tasks are created once ``sample`` has run, and are up to
+date exactly when their outputs and completion marker exist under the current key.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+from doit import create_after, get_var
+from doit.exceptions import TaskFailed
+from doit.tools import config_changed
+
+from quantflow import cache
+from quantflow.config import DEFAULT_CONFIG_NAME, load_config
+from quantflow.errors import QuantflowError
+
+# ----------------------------------------------------------------------------- helpers
+
+_state: dict = {}
+
+
+def config_file() -> Path:
+    return Path(get_var("config", os.environ.get("QUANTFLOW_CONFIG", DEFAULT_CONFIG_NAME)))
+
+
+def cfg():
+    if "cfg" not in _state:
+        _state["cfg"] = load_config(config_file())
+    return _state["cfg"]
+
+
+def manifest_path() -> Path:
+    return cfg().out / "calibration" / "manifest.json"
+
+
+def current_key() -> tuple[str, Path]:
+    """The artifact key, computed once the checkpoint and the manifest exist."""
+    if "key" not in _state:
+        inputs = cache.key_inputs(cfg(), manifest_path())
+        key = cache.artifact_key(inputs)
+        kdir = cache.artifact_dir(cfg(), key)
+        kdir.mkdir(parents=True, exist_ok=True)
+        (kdir / "key_inputs.json").write_text(json.dumps(inputs, indent=2, sort_keys=True) + "\n")
+        _state["key"] = (key, kdir)
+    return _state["key"]
+
+
+def guarded(fn):
+    """A doit python-action that reports QuantflowError as a clean task failure."""
+    @functools.wraps(fn)
+    def action(*args, **kwargs):
+        try:
+            fn(*args, **kwargs)
+        except QuantflowError as err:
+            return TaskFailed(f"{type(err).__name__}: {err}")
+        return None
+    return action
+
+
+def _pynative():
+    import mindspore as ms
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def _write_json(path: Path, data) -> None:
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def _calibration_inputs():
+    from quantflow.images import load_images, preprocess
+    from quantflow.sampling import manifest_paths, read_manifest
+
+    c = cfg()
+    paths = manifest_paths(read_manifest(manifest_path()), c.root)
+    _, ch, h, w = c.model.input_shape
+    n = c.normalization
+    return paths, preprocess(load_images(paths, ch, h, w), n.mean, n.std, n.scale, n.channel_order)
+
+
+def _module_file(entry: str) -> list[str]:
+    spec = importlib.util.find_spec(entry.partition(":")[0])
+    return [spec.origin] if spec is not None and spec.origin and os.path.isfile(spec.origin) else []
+
+
+# ----------------------------------------------------------------------------- actions
+
+@guarded
+def do_train():
+    from quantflow.model import load_entry
+
+    c = cfg()
+    print(f"training {c.model.entry} with {c.train.entry} -> {c.path(c.model.checkpoint)}")
+    load_entry(c.train.entry, "train.entry")(c, c.path(c.model.checkpoint))
+
+
+@guarded
+def do_sample():
+    from quantflow.sampling import sample, write_manifest
+
+    c = cfg()
+    _, ch, h, w = c.model.input_shape
+    k = c.calibration
+    m = sample(c.path(k.data_dir), c.root, k.count, k.per_class_min, k.seed, c.model.num_classes, ch, h, w,
+               k.on_bad_image)
+    write_manifest(m, manifest_path())
+    per_class = ", ".join(f"{cl}:{v['selected']}/{v['available']}" for cl, v in m["classes"].items())
+    print(f"sampled {len(m['images'])} calibration images (class:selected/available {per_class}) -> {manifest_path()}")
+    for s in m["skipped"]:
+        print(f"WARNING skipped unusable calibration image: {s['reason']}", file=sys.stderr)
+
+
+@guarded
+def do_calibrate():
+    from quantflow.calibrate import calibrate, summary_table, write_quant_params
+    from quantflow.model import build_network
+
+    c = cfg()
+    _, kdir = current_key()
+    _pynative()
+    net = build_network(c)
+    _, x = _calibration_inputs()
+    k = c.calibration
+    qm = calibrate(net, x, c.model.input_shape, k.method, k.percentile, k.histogram_bins, k.batch_size)
+    write_quant_params(qm, kdir)
+    table = summary_table(qm)
+    (kdir / "calibration.txt").write_text(f"method {k.method}, {len(x)} images\n{table}\n")
+    print(f"calibrated with {k.method} on {len(x)} images -> {kdir / 'qparams.json'}\n{table}")
+    cache.mark_done(kdir, "calibrate")
+
+
+@guarded
+def do_export():
+    from quantflow.export import export_models
+    from quantflow.model import build_network
+
+    c = cfg()
+    _, kdir = current_key()
+    _pynative()
+    status = export_models(build_network(c), c.model.input_shape, kdir, "model")
+    _write_json(kdir / "export.json", status)
+    print(f"exported MindIR -> {kdir / status['mindir']}")
+    if status["air"]:
+        print(f"exported AIR -> {kdir / status['air']}")
+    else:
+        print(f"SKIPPED AIR export: {status['air_skipped']}")
+    cache.mark_done(kdir, "export")
+
+
+@guarded
+def do_aipp():
+    from quantflow.aipp import build_and_verify
+
+    c = cfg()
+    _, kdir = current_key()
+    paths, _ = _calibration_inputs()
+    report = build_and_verify(c, paths, kdir / "aipp.cfg")
+    _write_json(kdir / "aipp_check.json", report)
+    print(f"AIPP config {kdir / 'aipp.cfg'} verified on {report['images']} calibration images "
+          f"(largest |diff| {report['max_abs_diff']:.2e}, tolerance {report['tolerance']})")
+    cache.mark_done(kdir, "aipp")
+
+
+def _atc_state() -> dict:
+    from quantflow.atc import find_atc
+    atc = find_atc()
+    return {"atc": str(atc) if atc else None}
+
+
+@guarded
+def do_atc():
+    from quantflow.atc import atc_command, find_atc, not_found_reason, run_atc
+    from quantflow.errors import AtcError
+
+    c = cfg()
+    _, kdir = current_key()
+    export = json.loads((kdir / "export.json").read_text())
+    atc = find_atc()
+    status = {**_atc_state(), "soc_version": c.build.soc_version, "om": None, "command": None}
+    if not export.get("air"):
+        status.update(status="skipped", reason=f"no AIR model to convert: {export.get('air_skipped')}")
+    elif atc is None:
+        status.update(status="skipped", reason=not_found_reason())
+    else:
+        prefix = kdir / "model"
+        cmd = atc_command(atc, kdir / export["air"], prefix, c.build.soc_version, kdir / "aipp.cfg",
+                          c.build.precision_mode, c.model.input_name, c.model.input_shape)
+        status["command"] = cmd
+        print("running: " + " ".join(cmd))
+        result = run_atc(cmd, prefix, c.build.atc_timeout_s)
+        status.update(status="built", om=result["om"], reason=None)
+        (kdir / "atc.log").write_text(result["log"] + "\n")
+    _write_json(kdir / "atc.json", status)
+    if status["status"] == "skipped":
+        msg = f"SKIPPED atc conversion for {c.build.soc_version}: {status['reason']}; no .om was written"
+        if c.build.require_om:
+            raise AtcError(msg + " (build.require_om = true)")
+        print(msg)
+    else:
+        print(f"built offline model {kdir / status['om']} for {c.build.soc_version}")
+    cache.mark_done(kdir, "atc")
+
+
+def _atc_uptodate() -> bool:
+    """The cached atc result stands only while atc's availability is unchanged."""
+    _, kdir = current_key()
+    try:
+        recorded = json.loads((kdir / "atc.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return recorded.get("atc") == _atc_state()["atc"]
+
+
+@guarded
+def do_gate():
+    from quantflow.calibrate import load_quant_params
+    from quantflow.errors import AccuracyGateError
+    from quantflow.gate import evaluate, format_table, write_report
+    from quantflow.model import build_network
+
+    c = cfg()
+    _, kdir = current_key()
+    _pynative()
+    report = evaluate(c, build_network(c), load_quant_params(kdir))
+    write_report(report, kdir / "accuracy_report.json", kdir / "accuracy_report.txt")
+    print(format_table(report))
+    if not report["passed"]:
+        raise AccuracyGateError(
+            f"INT8 top-1 {report['int8_top1']:.4f} vs FP32 {report['fp32_top1']:.4f}: drop "
+            f"{report['drop'] * 100:.2f} points exceeds evaluation.threshold {report['threshold'] * 100:.2f} "
+            f"(report: {kdir / 'accuracy_report.txt'})")
+    cache.mark_done(kdir, "gate")
+
+
+def _summary() -> dict:
+    key, kdir = current_key()
+    atc = json.loads((kdir / "atc.json").read_text())
+    gate = json.loads((kdir / "accuracy_report.json").read_text())
+    export = json.loads((kdir / "export.json").read_text())
+    rel = lambda name: str(kdir / name) if name else None  # noqa: E731
+    return {"key": key, "artifacts": str(kdir), "qparams": rel("qparams.json"), "mindir": rel(export["mindir"]),
+            "air": rel(export["air"]), "aipp_config": rel("aipp.cfg"), "om": rel(atc.get("om")),
+            "atc": atc["status"] if atc["status"] != "skipped" else f"skipped: {atc['reason']}",
+            "gate": {k: gate[k] for k in ("passed", "fp32_top1", "int8_top1", "drop", "threshold")},
+            "accuracy_report": rel("accuracy_report.txt")}
+
+
+def do_summary():
+    s = _summary()
+    _write_json(cfg().out / "latest.json", s)
+    print(f"artifacts ({s['key']}): {s['artifacts']}")
+    for k in ("qparams", "mindir", "air", "aipp_config", "om", "accuracy_report"):
+        print(f"  {k:<16} {s[k] or '-'}")
+    print(f"  {'atc':<16} {s['atc']}")
+    g = s["gate"]
+    print(f"  {'gate':<16} {'PASS' if g['passed'] else 'FAIL'}: FP32 {g['fp32_top1']:.4f}, INT8 {g['int8_top1']:.4f}")
+
+
+def _summary_uptodate() -> bool:
+    try:
+        return json.loads((cfg().out / "latest.json").read_text()) == json.loads(json.dumps(_summary()))
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+# ----------------------------------------------------------------------------- tasks
+
+def task_train():
+    """Train the model with [train].entry (only when the config has a [train] section)."""
+    c = cfg()
+    if c.train is None:
+        return {"actions": None, "uptodate": [True], "doc": "no [train] section: model.checkpoint is used as given"}
+    ckpt = c.path(c.model.checkpoint)
+    return {
+        "actions": [do_train],
+        "targets": [str(ckpt)],
+        "file_dep": _module_file(c.train.entry) + _module_file(c.model.entry),
+        "uptodate": [config_changed({"train": c.train.model_dump(mode="json"),
+                                     "model": c.model.model_dump(mode="json", exclude={"input_name"})})],
+        "verbosity": 2,
+    }
+
+
+def task_sample():
+    """Stage 1: stratified, seeded calibration sampling -> manifest."""
+    from quantflow.images import IMAGE_EXTS
+
+    c = cfg()
+    data_dir = c.path(c.calibration.data_dir)
+    files = sorted(str(p) for p in data_dir.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTS) \
+        if data_dir.is_dir() else []
+    return {
+        "actions": [do_sample],
+        "targets": [str(manifest_path())],
+        "file_dep": files,
+        "task_dep": ["train"],
+        "uptodate": [config_changed({"calibration": c.calibration.model_dump(mode="json"),
+                                     "shape": list(c.model.input_shape), "classes": c.model.num_classes})],
+        "verbosity": 2,
+    }
+
+
+def _keyed(name: str, action, outputs: list[str], task_dep: list[str], doc: str, uptodate=None) -> dict:
+    _, kdir = current_key()
+    return {
+        "doc": doc,
+        "actions": [action],
+        "targets": [str(kdir / o) for o in outputs] + [str(cache.done_marker(kdir, name))],
+        "task_dep": task_dep,
+        "uptodate": uptodate or [True],
+        "verbosity": 2,
+    }
+
+
+@create_after(executed="sample")
+def task_calibrate():
+    """Stage 2: observers in the network, activation ranges, INT8 parameters."""
+    return _keyed("calibrate", do_calibrate, ["qparams.json", "qparams.npz", "calibration.txt"], ["sample"],
+                 task_calibrate.__doc__)
+
+
+@create_after(executed="sample")
+def task_export():
+    """Stage 3: MindIR always, AIR when the Ascend backend is available."""
+    return _keyed("export", do_export, ["export.json", "model.mindir"], ["train"], task_export.__doc__)
+
+
+@create_after(executed="sample")
+def task_aipp():
+    """Stage 4: AIPP config from the training normalization, verified on calibration images."""
+    return _keyed("aipp", do_aipp, ["aipp.cfg", "aipp_check.json"], ["sample"], task_aipp.__doc__)
+
+
+@create_after(executed="sample")
+def task_atc():
+    """Stage 5: atc conversion to an .om for build.soc_version (a reported skip without CANN)."""
+    return _keyed("atc", do_atc, ["atc.json"], ["export", "aipp"], task_atc.__doc__, uptodate=[_atc_uptodate])
+
+
+@create_after(executed="sample")
+def task_gate():
+    """Stage 6: INT8 emulation vs FP32 on held-out images; fails over evaluation.threshold."""
+    return _keyed("gate", do_gate, ["accuracy_report.json", "accuracy_report.txt"], ["calibrate"], task_gate.__doc__)
+
+
+@create_after(executed="sample")
+def task_summary():
+    """Write <output_dir>/latest.json naming the current artifacts."""
+    return {
+        "doc": task_summary.__doc__,
+        "actions": [do_summary],
+        "task_dep": ["atc", "gate"],
+        "uptodate": [_summary_uptodate],
+        "verbosity": 2,
+    }
