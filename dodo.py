@@ -11,6 +11,9 @@ from tasks.pipeline import (  # noqa: E402,F401  (doit collects the task_* names
     task_aipp, task_atc, task_calibrate, task_export, task_gate, task_sample, task_summary, task_train,
 )
 
+# doit's own state (what ran, with which inputs) lives beside the build outputs
+Path("build").mkdir(exist_ok=True)
+
 DOIT_CONFIG = {
     "default_tasks": ["train", "sample", "calibrate", "export", "aipp", "atc", "gate", "summary"],
     "verbosity": 2,

@@ -47,6 +47,11 @@ class Block:
         """The op whose output is the block's (requantized) output."""
         return (self.relu or self.bn or self.layer).name
 
+    @property
+    def out_observer(self) -> str:
+        """Name of the observer whose range sets the block's output scale."""
+        return self.out_name if self.out_name != self.name else f"{self.name}:out"
+
     def folded(self) -> tuple[np.ndarray, np.ndarray]:
         w = self.layer.weight.astype(np.float64)
         o = w.shape[0]
@@ -233,7 +238,7 @@ def _jsonable(v):
 
 def make_quant_model(items: list, input_shape, ranges: dict[str, tuple[float, float]], method: str,
                      report: dict) -> QuantModel:
-    """Turn blocks + calibrated ranges (keyed 'input' and '<block out_name>') into a QuantModel."""
+    """Turn blocks + calibrated ranges (keyed 'input' and each block's out_observer) into a QuantModel."""
     in_scale, in_zp = act_qparams(*ranges["input"])
     cur_scale, cur_zp = in_scale, in_zp
     last_block = max(i for i, it in enumerate(items) if isinstance(it, Block))
@@ -256,7 +261,7 @@ def make_quant_model(items: list, input_shape, ranges: dict[str, tuple[float, fl
                 if it.relu is not None:
                     layer.relu, layer.relu_cap = True, it.relu.cap
             else:
-                out_scale, out_zp = act_qparams(*ranges[it.out_name])
+                out_scale, out_zp = act_qparams(*ranges[it.out_observer])
                 layer.out_scale, layer.out_zp = out_scale, out_zp
                 layer.m0, layer.shift = quantize_multiplier(acc_scale / out_scale)
                 if it.relu is not None:

@@ -1,4 +1,4 @@
-"""The quantflow doit task graph.
+r"""The quantflow doit task graph.
 
     train (optional) -> sample -> calibrate -> gate ----------\
                             \--> aipp ------\                  >-> summary

@@ -1,0 +1,72 @@
+"""Shared fixtures: a copy of the shipped demo project, built once with `doit` for the session."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PROJECT_FILES = ["dodo.py", "quantflow.toml", "tasks", "aipp_templates", "calib_data", "eval_data"]
+
+
+def copy_project(dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in PROJECT_FILES:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def run_doit(project: Path, *args: str, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "doit", *args], cwd=project, env=env or clean_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def task_lines(output: str) -> dict[str, str]:
+    """doit's per-task status lines: {'train': 'ran' | 'up-to-date' | 'ignored'}."""
+    status = {}
+    for line in output.splitlines():
+        if line.startswith(".  "):
+            status[line[3:].strip()] = "ran"
+        elif line.startswith("-- "):
+            status[line[3:].strip()] = "up-to-date"
+        elif line.startswith("!! "):
+            status[line[3:].strip()] = "ignored"
+    return status
+
+
+@pytest.fixture(scope="session")
+def built_demo(tmp_path_factory):
+    """The demo project after a first, full `doit` run: (project dir, completed process)."""
+    project = copy_project(tmp_path_factory.mktemp("demo"))
+    proc = run_doit(project)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return project, proc
+
+
+@pytest.fixture(scope="session")
+def demo_cfg(built_demo):
+    from quantflow.config import load_config
+    return load_config(built_demo[0] / "quantflow.toml")
+
+
+@pytest.fixture(scope="session")
+def demo_net(demo_cfg):
+    import mindspore as ms
+    from quantflow.model import build_network
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    return build_network(demo_cfg)

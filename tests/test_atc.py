@@ -1,0 +1,169 @@
+"""atc: lookup, exact command line, and error handling, through a stand-in `atc` executable.
+
+No CANN toolkit can be installed here, so the tests put a small program named `atc` on PATH
+(or under $ASCEND_TOOLKIT_HOME) that records its arguments and behaves like atc: it writes
+<output>.om on success and prints an E-coded error and exits non-zero on failure.
+"""
+import json
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from quantflow.atc import atc_command, find_atc, not_found_reason, run_atc
+from quantflow.errors import AtcError
+
+REPO = Path(__file__).resolve().parents[1]
+
+FAKE_ATC = f"""#!{sys.executable}
+import json, os, sys, time
+args = sys.argv[1:]
+with open(os.environ["FAKE_ATC_LOG"], "a") as f:
+    f.write(json.dumps(args) + "\\n")
+opts = dict(a[2:].split("=", 1) for a in args if a.startswith("--") and "=" in a)
+mode = os.environ.get("FAKE_ATC_MODE", "ok")
+if mode == "sleep":
+    time.sleep(30)
+if opts.get("soc_version") != "Ascend310P3" or mode == "fail":
+    print("ATC start working now, please wait for a moment.")
+    print("E10001: Value [%s] for parameter [--soc_version] is invalid. Reason: not supported." % opts.get("soc_version"))
+    print("ATC run failed, Please check the detail log, Try 'atc --help' for more information", file=sys.stderr)
+    sys.exit(1)
+if mode != "no_output":
+    open(opts["output"] + ".om", "wb").write(b"OM-bytes")
+print("ATC run success, welcome to the next use.")
+"""
+
+
+@pytest.fixture
+def fake_atc(tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    exe = bindir / "atc"
+    exe.write_text(FAKE_ATC)
+    exe.chmod(0o755)
+    log = tmp_path / "atc_calls.jsonl"
+    monkeypatch.setenv("FAKE_ATC_LOG", str(log))
+    monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    return exe, log
+
+
+def test_find_atc_on_path_and_in_toolkit_home(tmp_path):
+    assert find_atc({"PATH": str(tmp_path)}) is None
+    home = tmp_path / "Ascend" / "ascend-toolkit" / "latest"
+    (home / "compiler" / "bin").mkdir(parents=True)
+    atc = home / "compiler" / "bin" / "atc"
+    atc.write_text("#!/bin/sh\n")
+    atc.chmod(0o755)
+    assert find_atc({"PATH": str(tmp_path), "ASCEND_TOOLKIT_HOME": str(home)}) == atc
+    assert "not on PATH and $ASCEND_TOOLKIT_HOME is not set" in not_found_reason({"PATH": ""})
+    assert str(tmp_path) in not_found_reason({"PATH": "", "ASCEND_TOOLKIT_HOME": str(tmp_path)})
+
+
+def test_command_line_is_exact(tmp_path):
+    cmd = atc_command(Path("/opt/atc"), tmp_path / "model.air", tmp_path / "model", "Ascend310P3",
+                      tmp_path / "aipp.cfg", "allow_fp32_to_fp16", "x", (1, 3, 32, 32))
+    assert cmd == ["/opt/atc", f"--model={tmp_path}/model.air", "--framework=1", f"--output={tmp_path}/model",
+                   "--soc_version=Ascend310P3", f"--insert_op_conf={tmp_path}/aipp.cfg",
+                   "--precision_mode=allow_fp32_to_fp16", "--input_shape=x:1,3,32,32"]
+
+
+def test_successful_run_writes_the_om(fake_atc, tmp_path):
+    exe, log = fake_atc
+    out = tmp_path / "out" / "model"
+    cmd = atc_command(find_atc(), tmp_path / "m.air", out, "Ascend310P3", None, "force_fp16", "x", (1, 3, 32, 32))
+    result = run_atc(cmd, out, timeout_s=60)
+    assert result["om"] == "model.om" and (out.parent / "model.om").read_bytes() == b"OM-bytes"
+    assert "ATC run success" in result["log"]
+    assert json.loads(log.read_text().splitlines()[0]) == cmd[1:]
+
+
+def test_failure_surfaces_atc_own_error_text(fake_atc, tmp_path):
+    out = tmp_path / "model"
+    cmd = atc_command(find_atc(), tmp_path / "m.air", out, "Ascend999", None, "force_fp16", "x", (1, 3, 32, 32))
+    with pytest.raises(AtcError) as e:
+        run_atc(cmd, out, timeout_s=60)
+    msg = str(e.value)
+    assert "exit code 1" in msg
+    assert "E10001: Value [Ascend999] for parameter [--soc_version] is invalid" in msg
+    assert "ATC run failed" in msg
+    assert not list(tmp_path.glob("*.om"))
+
+
+def test_exit_zero_without_om_and_timeout(fake_atc, tmp_path, monkeypatch):
+    out = tmp_path / "model"
+    cmd = atc_command(find_atc(), tmp_path / "m.air", out, "Ascend310P3", None, "force_fp16", "x", (1, 3, 8, 8))
+    monkeypatch.setenv("FAKE_ATC_MODE", "no_output")
+    with pytest.raises(AtcError, match="exited 0 but wrote no"):
+        run_atc(cmd, out, timeout_s=60)
+    monkeypatch.setenv("FAKE_ATC_MODE", "sleep")
+    with pytest.raises(AtcError, match="did not finish within 1 s"):
+        run_atc(cmd, out, timeout_s=1)
+
+
+# ----------------------------------------------------------------------------- the pipeline's atc stage
+
+@pytest.fixture
+def atc_stage(tmp_path, monkeypatch):
+    """tasks.pipeline's atc action on a prepared artifact folder."""
+    sys.path.insert(0, str(REPO))
+    from quantflow.config import config_from_dict
+    from tasks import pipeline
+
+    d = tomllib.loads((REPO / "quantflow.toml").read_text())
+    cfg = config_from_dict(d, root=tmp_path)
+    kdir = tmp_path / "build" / "artifacts" / "k"
+    kdir.mkdir(parents=True)
+    (kdir / "aipp.cfg").write_text("aipp_op {\n}\n")
+    monkeypatch.setattr(pipeline, "_state", {"cfg": cfg, "key": ("k", kdir)})
+    return pipeline, kdir
+
+
+def test_stage_builds_with_atc_and_air(fake_atc, atc_stage):
+    pipeline, kdir = atc_stage
+    exe, log = fake_atc
+    (kdir / "model.air").write_bytes(b"AIR")
+    (kdir / "export.json").write_text(json.dumps({"mindir": "model.mindir", "air": "model.air", "air_skipped": None}))
+    assert pipeline.do_atc() is None
+    status = json.loads((kdir / "atc.json").read_text())
+    assert status["status"] == "built" and status["om"] == "model.om" and (kdir / "model.om").is_file()
+    args = json.loads(log.read_text().splitlines()[0])
+    assert f"--insert_op_conf={kdir / 'aipp.cfg'}" in args and "--soc_version=Ascend310P3" in args
+    assert pipeline._atc_uptodate()
+
+
+def test_stage_skips_plainly_and_writes_no_om(atc_stage, monkeypatch, capsys):
+    pipeline, kdir = atc_stage
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
+    (kdir / "model.air").write_bytes(b"AIR")
+    (kdir / "export.json").write_text(json.dumps({"mindir": "model.mindir", "air": "model.air", "air_skipped": None}))
+    assert pipeline.do_atc() is None
+    out = capsys.readouterr().out
+    assert "SKIPPED atc conversion for Ascend310P3: atc (CANN toolkit) not found" in out
+    assert "no .om was written" in out
+    assert json.loads((kdir / "atc.json").read_text())["status"] == "skipped"
+    assert not list(kdir.glob("*.om"))
+
+
+def test_stage_skip_fails_when_an_om_is_required(atc_stage, monkeypatch):
+    pipeline, kdir = atc_stage
+    cfg = pipeline._state["cfg"]
+    monkeypatch.setitem(pipeline._state, "cfg", cfg.model_copy(update={"build": cfg.build.model_copy(
+        update={"require_om": True})}))
+    (kdir / "export.json").write_text(json.dumps({"mindir": "model.mindir", "air": None,
+                                                  "air_skipped": "no Ascend backend"}))
+    failed = pipeline.do_atc()
+    assert failed is not None and "require_om" in str(failed) and "no AIR model" in str(failed)
+
+
+def test_stage_failure_reports_atc_text(fake_atc, atc_stage, monkeypatch):
+    pipeline, kdir = atc_stage
+    monkeypatch.setenv("FAKE_ATC_MODE", "fail")
+    (kdir / "export.json").write_text(json.dumps({"mindir": "model.mindir", "air": "model.air", "air_skipped": None}))
+    failed = pipeline.do_atc()
+    assert failed is not None and "E10001" in str(failed)
+    assert not (kdir / ".atc.done").exists()
