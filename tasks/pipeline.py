@@ -306,6 +306,7 @@ def task_sample():
     return {
         "actions": [do_sample],
         "targets": [str(manifest_path())],
+        "clean": True,
         "file_dep": files,
         "task_dep": ["train"],
         "uptodate": [config_changed({"calibration": c.calibration.model_dump(mode="json"),
@@ -322,6 +323,7 @@ def _keyed(name: str, action, outputs: list[str], task_dep: list[str], doc: str,
         "targets": [str(kdir / o) for o in outputs] + [str(cache.done_marker(kdir, name))],
         "task_dep": task_dep,
         "uptodate": uptodate or [True],
+        "clean": True,
         "verbosity": 2,
     }
 
