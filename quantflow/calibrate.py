@@ -103,21 +103,24 @@ def _batches(x: np.ndarray, size: int) -> list[np.ndarray]:
     return [x[i:i + size] for i in range(0, len(x), size)]
 
 
-def calibrate(net, x: np.ndarray, input_shape, method: str, percentile: float = 99.99, bins: int = 2048,
+def calibrate(net, x, input_shape, method: str, percentile: float = 99.99, bins: int = 2048,
               batch_size: int = 32) -> QuantModel:
-    """Quantize ``net`` with calibration inputs ``x`` (preprocessed float N,C,H,W)."""
+    """Quantize ``net`` with calibration inputs ``x``: preprocessed float N,C,H,W, as one array or
+    as a re-iterable of such batches (e.g. ``images.ImageBatches``, which reads them lazily)."""
     import mindspore as ms
 
     if ms.get_context("mode") != ms.PYNATIVE_MODE:
         ms.set_context(mode=ms.PYNATIVE_MODE)
-    if len(x) == 0:
+    batches = _batches(x, batch_size) if isinstance(x, np.ndarray) else x
+    first = next(iter(batches), None)
+    if first is None or len(first) == 0:
         raise ValueError("no calibration inputs")
     plan = read_plan(net)
-    verify_plan(plan, net, x[: min(len(x), 16)])
+    verify_plan(plan, net, first[:16])
     items = build_blocks(plan)
     cal = Calibrater(net, items, bins)
     with cal:
-        cal.collect(_batches(x, batch_size))
+        cal.collect(batches)
     ranges, report = {}, {}
     for name, obs in cal.observers.items():
         lo, hi = obs.range(method, percentile)

@@ -7,24 +7,19 @@ from pathlib import Path
 import numpy as np
 
 from . import emulator
-from .errors import DataError
-from .images import load_images, preprocess, scan_class_folders
+from .images import ImageBatches, scan_class_folders
 
 
-def load_eval_set(cfg) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    _, c, h, w = cfg.model.input_shape
+def load_eval_set(cfg) -> tuple[ImageBatches, np.ndarray]:
+    """Lazily read batches of the held-out images, and their labels."""
     items = scan_class_folders(cfg.path(cfg.evaluation.data_dir), cfg.model.num_classes)
-    n = cfg.normalization
-    x = preprocess(load_images([i.path for i in items], c, h, w), n.mean, n.std, n.scale, n.channel_order)
-    if len(x) == 0:
-        raise DataError(f"no evaluation images in {cfg.path(cfg.evaluation.data_dir)}")
-    return x, np.array([i.label for i in items]), [i.class_name for i in items]
+    return (ImageBatches.for_config(cfg, [i.path for i in items], cfg.evaluation.batch_size),
+            np.array([i.label for i in items]))
 
 
-def fp32_logits(net, x: np.ndarray, batch_size: int) -> np.ndarray:
+def fp32_logits(net, x: np.ndarray) -> np.ndarray:
     from mindspore import Tensor
-    return np.concatenate([net(Tensor(np.ascontiguousarray(x[i:i + batch_size], np.float32))).asnumpy()
-                           for i in range(0, len(x), batch_size)]).astype(np.float64)
+    return net(Tensor(np.ascontiguousarray(x, np.float32))).asnumpy().astype(np.float64)
 
 
 def compare(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, threshold: float) -> dict:
@@ -53,10 +48,12 @@ def compare(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, threshold: float)
 
 
 def evaluate(cfg, net, qmodel) -> dict:
-    x, y, _ = load_eval_set(cfg)
-    fp = fp32_logits(net, x, cfg.evaluation.batch_size)
-    q = emulator.predict(qmodel, x, cfg.evaluation.batch_size)
-    report = compare(fp, q, y, cfg.evaluation.threshold)
+    batches, y = load_eval_set(cfg)
+    fp, q = [], []
+    for x in batches:  # one batch of images in memory at a time
+        fp.append(fp32_logits(net, x))
+        q.append(emulator.run(qmodel, x))
+    report = compare(np.concatenate(fp), np.concatenate(q), y, cfg.evaluation.threshold)
     report["eval_data"] = str(cfg.evaluation.data_dir)
     report["calibration_method"] = qmodel.method
     return report

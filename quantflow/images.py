@@ -110,3 +110,28 @@ def preprocess(images: np.ndarray, mean, std, scale: str, channel_order: str) ->
         x = x / np.float32(255.0)
     x = (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
     return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+
+
+class ImageBatches:
+    """Re-iterable batches of preprocessed images, read from disk lazily (one batch in memory at a time)."""
+
+    def __init__(self, paths, channels: int, height: int, width: int, mean, std, scale: str, channel_order: str,
+                 batch_size: int):
+        self.paths = [Path(p) for p in paths]
+        self.shape = (channels, height, width)
+        self.norm = (mean, std, scale, channel_order)
+        self.batch_size = batch_size
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __iter__(self):
+        c, h, w = self.shape
+        for i in range(0, len(self.paths), self.batch_size):
+            yield preprocess(load_images(self.paths[i:i + self.batch_size], c, h, w), *self.norm)
+
+    @classmethod
+    def for_config(cls, cfg, paths, batch_size: int) -> "ImageBatches":
+        _, c, h, w = cfg.model.input_shape
+        n = cfg.normalization
+        return cls(paths, c, h, w, n.mean, n.std, n.scale, n.channel_order, batch_size)

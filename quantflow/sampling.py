@@ -67,6 +67,10 @@ def sample(data_dir: Path, root: Path, count: int, per_class_min: int, seed: int
         listing = "\n".join(f"  {b['reason']}" for b in bad)
         raise DataError(f"{len(bad)} unusable calibration image(s) in {data_dir} "
                         f"(fix or remove them, or set calibration.on_bad_image = \"skip\"):\n{listing}")
+    missing = sorted(set(range(num_classes)) - set(good))
+    if per_class_min > 0 and missing:
+        raise DataError(f"calibration.per_class_min={per_class_min} but {data_dir} has no usable images of "
+                        f"class(es) {', '.join(map(str, missing))} of the model's {num_classes}")
     take = allocate({c: len(v) for c, v in good.items()}, count, per_class_min)
     rng = np.random.default_rng(seed)
     chosen = []

@@ -81,15 +81,9 @@ def _write_json(path: Path, data) -> None:
     tmp.replace(path)
 
 
-def _calibration_inputs():
-    from quantflow.images import load_images, preprocess
+def _calibration_paths():
     from quantflow.sampling import manifest_paths, read_manifest
-
-    c = cfg()
-    paths = manifest_paths(read_manifest(manifest_path()), c.root)
-    _, ch, h, w = c.model.input_shape
-    n = c.normalization
-    return paths, preprocess(load_images(paths, ch, h, w), n.mean, n.std, n.scale, n.channel_order)
+    return manifest_paths(read_manifest(manifest_path()), cfg().root)
 
 
 def _module_file(entry: str) -> list[str]:
@@ -133,8 +127,10 @@ def do_calibrate():
     _, kdir = current_key()
     _pynative()
     net = build_network(c)
-    _, x = _calibration_inputs()
+    from quantflow.images import ImageBatches
+
     k = c.calibration
+    x = ImageBatches.for_config(c, _calibration_paths(), k.batch_size)
     qm = calibrate(net, x, c.model.input_shape, k.method, k.percentile, k.histogram_bins, k.batch_size)
     write_quant_params(qm, kdir)
     table = summary_table(qm)
@@ -167,8 +163,7 @@ def do_aipp():
 
     c = cfg()
     _, kdir = current_key()
-    paths, _ = _calibration_inputs()
-    report = build_and_verify(c, paths, kdir / "aipp.cfg")
+    report = build_and_verify(c, _calibration_paths(), kdir / "aipp.cfg")
     _write_json(kdir / "aipp_check.json", report)
     print(f"AIPP config {kdir / 'aipp.cfg'} verified on {report['images']} calibration images "
           f"(largest |diff| {report['max_abs_diff']:.2e}, tolerance {report['tolerance']})")

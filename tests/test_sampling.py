@@ -79,6 +79,14 @@ def test_class_folder_outside_the_model_classes(tmp_path):
         sample(data, tmp_path, count=2, per_class_min=1, seed=0, num_classes=5, channels=3, height=8, width=8)
 
 
+def test_a_class_without_images_fails_the_per_class_minimum(tmp_path):
+    data = make_folder(tmp_path / "d", {0: 3, 2: 3})
+    with pytest.raises(DataError, match="no usable images of class\\(es\\) 1 of the model's 3"):
+        sample(data, tmp_path, count=3, per_class_min=1, seed=0, num_classes=3, channels=3, height=8, width=8)
+    m = sample(data, tmp_path, count=3, per_class_min=0, seed=0, num_classes=3, channels=3, height=8, width=8)
+    assert len(m["images"]) == 3
+
+
 def test_empty_or_missing_folder(tmp_path):
     with pytest.raises(DataError, match="not found"):
         sample(tmp_path / "none", tmp_path, 1, 0, 0, 2, 3, 8, 8)
