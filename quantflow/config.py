@@ -122,6 +122,8 @@ class BuildSection(_Section):
     ] = "allow_fp32_to_fp16"
     atc_timeout_s: int = Field(default=1800, gt=0)
     require_om: bool = Field(default=False, description="fail (instead of skipping) when no .om can be built")
+    atc_model: Literal["fp32", "int8sim"] = Field(
+        default="fp32", description="which exported AIR atc converts: the FP32 network, or the INT8-simulating one")
 
     @field_validator("soc_version")
     @classmethod

@@ -1,8 +1,8 @@
 r"""The quantflow doit task graph.
 
-    train (optional) -> sample -> calibrate -> gate ----------\
-                            \--> aipp ------\                  >-> summary
-                  export -------------------> atc ------------/
+    train (optional) -> sample -> calibrate -> gate ---------\
+                          \           \--> export --\         >-> summary
+                           \--> aipp ----------------> atc ---/
 
 ``train`` and ``sample`` are tracked by doit (file dependencies and config sections).  Every
 later stage writes into ``<output_dir>/artifacts/<key>/`` where the key is a content hash of
@@ -141,19 +141,24 @@ def do_calibrate():
 
 @guarded
 def do_export():
+    from quantflow.calibrate import load_quant_params
     from quantflow.export import export_models
     from quantflow.model import build_network
+    from quantflow.qdq import build_qdq_network
 
     c = cfg()
     _, kdir = current_key()
     _pynative()
-    status = export_models(build_network(c), c.model.input_shape, kdir, "model")
+    status = {"fp32": export_models(build_network(c), c.model.input_shape, kdir, "model"),
+              "int8sim": export_models(build_qdq_network(load_quant_params(kdir)), c.model.input_shape, kdir,
+                                       "model_int8sim")}
     _write_json(kdir / "export.json", status)
-    print(f"exported MindIR -> {kdir / status['mindir']}")
-    if status["air"]:
-        print(f"exported AIR -> {kdir / status['air']}")
-    else:
-        print(f"SKIPPED AIR export: {status['air_skipped']}")
+    for kind, st in status.items():
+        print(f"exported {kind} MindIR -> {kdir / st['mindir']}")
+        if st["air"]:
+            print(f"exported {kind} AIR -> {kdir / st['air']}")
+        else:
+            print(f"SKIPPED {kind} AIR export: {st['air_skipped']}")
     cache.mark_done(kdir, "export")
 
 
@@ -183,9 +188,10 @@ def do_atc():
 
     c = cfg()
     _, kdir = current_key()
-    export = json.loads((kdir / "export.json").read_text())
+    export = json.loads((kdir / "export.json").read_text())[c.build.atc_model]
     atc = find_atc()
-    status = {**_atc_state(), "soc_version": c.build.soc_version, "om": None, "command": None}
+    status = {**_atc_state(), "soc_version": c.build.soc_version, "model": c.build.atc_model, "om": None,
+              "command": None}
     if not export.get("air"):
         status.update(status="skipped", reason=f"no AIR model to convert: {export.get('air_skipped')}")
     elif atc is None:
@@ -247,8 +253,10 @@ def _summary() -> dict:
     gate = json.loads((kdir / "accuracy_report.json").read_text())
     export = json.loads((kdir / "export.json").read_text())
     rel = lambda name: str(kdir / name) if name else None  # noqa: E731
-    return {"key": key, "artifacts": str(kdir), "qparams": rel("qparams.json"), "mindir": rel(export["mindir"]),
-            "air": rel(export["air"]), "aipp_config": rel("aipp.cfg"), "om": rel(atc.get("om")),
+    return {"key": key, "artifacts": str(kdir), "qparams": rel("qparams.json"),
+            "mindir": rel(export["fp32"]["mindir"]), "mindir_int8sim": rel(export["int8sim"]["mindir"]),
+            "air": rel(export["fp32"]["air"]), "air_int8sim": rel(export["int8sim"]["air"]),
+            "aipp_config": rel("aipp.cfg"), "om": rel(atc.get("om")),
             "atc": atc["status"] if atc["status"] != "skipped" else f"skipped: {atc['reason']}",
             "gate": {k: gate[k] for k in ("passed", "fp32_top1", "int8_top1", "drop", "threshold")},
             "accuracy_report": rel("accuracy_report.txt")}
@@ -258,7 +266,7 @@ def do_summary():
     s = _summary()
     _write_json(cfg().out / "latest.json", s)
     print(f"artifacts ({s['key']}): {s['artifacts']}")
-    for k in ("qparams", "mindir", "air", "aipp_config", "om", "accuracy_report"):
+    for k in ("qparams", "mindir", "mindir_int8sim", "air", "air_int8sim", "aipp_config", "om", "accuracy_report"):
         print(f"  {k:<16} {s[k] or '-'}")
     print(f"  {'atc':<16} {s['atc']}")
     g = s["gate"]
@@ -332,8 +340,9 @@ def task_calibrate():
 
 @create_after(executed="sample")
 def task_export():
-    """Stage 3: MindIR always, AIR when the Ascend backend is available."""
-    return _keyed("export", do_export, ["export.json", "model.mindir"], ["train"], task_export.__doc__)
+    """Stage 3: FP32 and INT8-simulating MindIR always, AIR when the Ascend backend is available."""
+    return _keyed("export", do_export, ["export.json", "model.mindir", "model_int8sim.mindir"], ["calibrate"],
+                  task_export.__doc__)
 
 
 @create_after(executed="sample")

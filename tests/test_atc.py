@@ -106,6 +106,15 @@ def test_exit_zero_without_om_and_timeout(fake_atc, tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- the pipeline's atc stage
 
+def write_export(kdir, air: bool, reason: str = "no Ascend backend"):
+    def one(stem):
+        if air:
+            (kdir / f"{stem}.air").write_bytes(b"AIR " + stem.encode())
+        return {"mindir": f"{stem}.mindir", "air": f"{stem}.air" if air else None,
+                "air_skipped": None if air else reason}
+    (kdir / "export.json").write_text(json.dumps({"fp32": one("model"), "int8sim": one("model_int8sim")}))
+
+
 @pytest.fixture
 def atc_stage(tmp_path, monkeypatch):
     """tasks.pipeline's atc action on a prepared artifact folder."""
@@ -125,22 +134,33 @@ def atc_stage(tmp_path, monkeypatch):
 def test_stage_builds_with_atc_and_air(fake_atc, atc_stage):
     pipeline, kdir = atc_stage
     exe, log = fake_atc
-    (kdir / "model.air").write_bytes(b"AIR")
-    (kdir / "export.json").write_text(json.dumps({"mindir": "model.mindir", "air": "model.air", "air_skipped": None}))
+    write_export(kdir, air=True)
     assert pipeline.do_atc() is None
     status = json.loads((kdir / "atc.json").read_text())
     assert status["status"] == "built" and status["om"] == "model.om" and (kdir / "model.om").is_file()
     args = json.loads(log.read_text().splitlines()[0])
+    assert f"--model={kdir / 'model.air'}" in args
     assert f"--insert_op_conf={kdir / 'aipp.cfg'}" in args and "--soc_version=Ascend310P3" in args
     assert pipeline._atc_uptodate()
+
+
+def test_stage_converts_the_int8sim_model_when_configured(fake_atc, atc_stage, monkeypatch):
+    pipeline, kdir = atc_stage
+    exe, log = fake_atc
+    cfg = pipeline._state["cfg"]
+    monkeypatch.setitem(pipeline._state, "cfg", cfg.model_copy(update={"build": cfg.build.model_copy(
+        update={"atc_model": "int8sim"})}))
+    write_export(kdir, air=True)
+    assert pipeline.do_atc() is None
+    assert f"--model={kdir / 'model_int8sim.air'}" in json.loads(log.read_text().splitlines()[0])
+    assert json.loads((kdir / "atc.json").read_text())["model"] == "int8sim"
 
 
 def test_stage_skips_plainly_and_writes_no_om(atc_stage, monkeypatch, capsys):
     pipeline, kdir = atc_stage
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
-    (kdir / "model.air").write_bytes(b"AIR")
-    (kdir / "export.json").write_text(json.dumps({"mindir": "model.mindir", "air": "model.air", "air_skipped": None}))
+    write_export(kdir, air=True)
     assert pipeline.do_atc() is None
     out = capsys.readouterr().out
     assert "SKIPPED atc conversion for Ascend310P3: atc (CANN toolkit) not found" in out
@@ -154,8 +174,7 @@ def test_stage_skip_fails_when_an_om_is_required(atc_stage, monkeypatch):
     cfg = pipeline._state["cfg"]
     monkeypatch.setitem(pipeline._state, "cfg", cfg.model_copy(update={"build": cfg.build.model_copy(
         update={"require_om": True})}))
-    (kdir / "export.json").write_text(json.dumps({"mindir": "model.mindir", "air": None,
-                                                  "air_skipped": "no Ascend backend"}))
+    write_export(kdir, air=False)
     failed = pipeline.do_atc()
     assert failed is not None and "require_om" in str(failed) and "no AIR model" in str(failed)
 
@@ -163,7 +182,7 @@ def test_stage_skip_fails_when_an_om_is_required(atc_stage, monkeypatch):
 def test_stage_failure_reports_atc_text(fake_atc, atc_stage, monkeypatch):
     pipeline, kdir = atc_stage
     monkeypatch.setenv("FAKE_ATC_MODE", "fail")
-    (kdir / "export.json").write_text(json.dumps({"mindir": "model.mindir", "air": "model.air", "air_skipped": None}))
+    write_export(kdir, air=True)
     failed = pipeline.do_atc()
     assert failed is not None and "E10001" in str(failed)
     assert not (kdir / ".atc.done").exists()
