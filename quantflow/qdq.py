@@ -4,44 +4,51 @@ Every weight is replaced by its int8-grid value (BN folded, ``w_q * s_w``), ever
 int32-grid value, and every tensor the integer emulator holds in int8 passes through
 ``FakeQuant`` (``(clip(floor(x / s + 0.5) + zp, lo, hi) - zp) * s``).  Run in float, it
 reproduces the integer emulator up to float rounding at the rounding boundaries, so an
-offline model built from it carries the calibration: what the accuracy gate measured is what
-the device computes.  It is exported as ``model_int8sim.mindir`` (and AIR on Ascend hosts).
+offline model built from it (with a precision mode that keeps float32) computes what the
+accuracy gate measured.  It is exported as ``model_int8sim.mindir`` (and AIR on Ascend hosts).
 """
 from __future__ import annotations
 
 import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
 
 from .quantize import QMAX, QMIN, QLayer, QStep, QuantModel
 
 
-def _fake_quant_cell():
-    from mindspore import nn, ops
+class FakeQuant(nn.Cell):
+    """Quantize-dequantize: ``(clip(floor(x / s + 0.5) + zp, lo, hi) - zp) * s``."""
 
-    class FakeQuant(nn.Cell):
-        def __init__(self, scale: float, zp: int, lo: int = QMIN, hi: int = QMAX, snap: int = 0):
-            super().__init__()
-            self.scale = float(scale)
-            self.zp = float(zp)
-            self.lo = float(lo)
-            self.hi = float(hi)
-            self.snap = float(snap)
+    def __init__(self, scale: float, zp: int, lo: int = QMIN, hi: int = QMAX, snap: int = 0):
+        super().__init__()
+        self.scale = float(scale)
+        self.zp = float(zp)
+        self.lo = float(lo)
+        self.hi = float(hi)
+        self.snap = float(snap)
 
-        def construct(self, x):
-            v = x / self.scale
-            if self.snap > 0:
-                # values known to be exact multiples of 1/snap (an average of n int8 values): remove
-                # the float noise that would otherwise decide ties differently from the integer emulator
-                v = ops.round(v * self.snap) / self.snap
-            q = ops.floor(v + 0.5) + self.zp
-            q = ops.clamp(q, self.lo, self.hi)
-            return (q - self.zp) * self.scale
+    def construct(self, x):
+        v = x / self.scale
+        if self.snap > 0:
+            # values known to be exact multiples of 1/snap (an average of n int8 values): remove
+            # the float noise that would otherwise decide ties differently from the integer emulator
+            v = ops.round(v * self.snap) / self.snap
+        q = ops.floor(v + 0.5) + self.zp
+        q = ops.clamp(q, self.lo, self.hi)
+        return (q - self.zp) * self.scale
 
-    return FakeQuant
+
+class Int8SimNet(nn.Cell):
+    """The simulating layers, behind a graph input named ``x`` (model.input_name's default)."""
+
+    def __init__(self, body):
+        super().__init__()
+        self.body = body
+
+    def construct(self, x):
+        return self.body(x)
 
 
 def _layer_cell(layer: QLayer):
-    from mindspore import Parameter, Tensor, nn
-
     shape = (-1,) + (1,) * (layer.w_q.ndim - 1)
     w = (layer.w_q.astype(np.float64) * layer.w_scale.reshape(shape)).astype(np.float32)
     b = (layer.b_q.astype(np.float64) * layer.in_scale * layer.w_scale).astype(np.float32)
@@ -61,8 +68,6 @@ def _layer_cell(layer: QLayer):
 
 
 def _pool_cell(step: QStep):
-    from mindspore import nn
-
     a = step.attrs
     cls = nn.MaxPool2d if a["mode"] == "max" else nn.AvgPool2d
     kernel, stride = tuple(a["kernel"]), tuple(a["stride"])
@@ -73,15 +78,15 @@ def _pool_cell(step: QStep):
 
 
 def _relu_cell(cap):
-    from mindspore import nn
-    return nn.ReLU() if cap is None else nn.ReLU6() if cap == 6.0 else None
+    if cap is None:
+        return nn.ReLU()
+    if cap == 6.0:
+        return nn.ReLU6()
+    raise ValueError(f"no ReLU with cap {cap}")  # read_plan only makes ReLU and ReLU6
 
 
 def build_qdq_network(model: QuantModel):
     """A mindspore.nn.SequentialCell computing the INT8 model in float."""
-    from mindspore import nn
-
-    FakeQuant = _fake_quant_cell()
     cells = [FakeQuant(model.input_scale, model.input_zp)]
     scale, zp = model.input_scale, model.input_zp
     dequantized = False
@@ -91,8 +96,7 @@ def build_qdq_network(model: QuantModel):
             if step.final:
                 dequantized = True
                 if step.relu:
-                    relu = _relu_cell(step.relu_cap)
-                    cells.append(relu if relu is not None else FakeQuant(1.0, 0, 0, step.relu_cap))
+                    cells.append(_relu_cell(step.relu_cap))
             else:
                 cells.append(FakeQuant(step.out_scale, step.out_zp, step.clamp_lo, step.clamp_hi))
                 scale, zp = step.out_scale, step.out_zp
@@ -110,6 +114,7 @@ def build_qdq_network(model: QuantModel):
             else:
                 hi = QMAX if cap is None else int(min(QMAX, zp + np.floor(cap / scale + 0.5)))
                 cells.append(FakeQuant(scale, zp, max(QMIN, zp), hi))
-    net = nn.SequentialCell(cells)
+    net = Int8SimNet(nn.SequentialCell(cells))
     net.set_train(False)
     return net
+
