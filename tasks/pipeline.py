@@ -38,7 +38,11 @@ def config_file() -> Path:
 
 def cfg():
     if "cfg" not in _state:
-        _state["cfg"] = load_config(config_file())
+        try:
+            _state["cfg"] = load_config(config_file())
+        except QuantflowError as err:  # a clean message instead of doit's traceback of the loader
+            print(f"quantflow: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
     return _state["cfg"]
 
 

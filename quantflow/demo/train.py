@@ -13,6 +13,16 @@ from . import data
 def train(cfg, checkpoint_path: Path) -> dict:
     """Train, save ``checkpoint_path``, and return metrics; fails below ``train.min_accuracy``."""
     import mindspore as ms
+
+    mode = ms.get_context("mode")
+    try:
+        return _train(cfg, Path(checkpoint_path))
+    finally:
+        ms.set_context(mode=mode)
+
+
+def _train(cfg, checkpoint_path: Path) -> dict:
+    import mindspore as ms
     from mindspore import nn, ops, Tensor
 
     from ..model import build_network

@@ -1,0 +1,54 @@
+import tomllib
+from pathlib import Path
+
+import mindspore as ms
+import pytest
+
+from quantflow.config import config_from_dict
+from quantflow.errors import ConfigError, QuantflowError
+from quantflow.model import build_network, load_entry
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cfg_with(tmp_path, **model):
+    d = tomllib.loads((REPO / "quantflow.toml").read_text())
+    d["model"].update(model)
+    return config_from_dict(d, root=tmp_path)
+
+
+def not_a_cell():
+    return object()
+
+
+def test_entry_errors(tmp_path):
+    with pytest.raises(ConfigError, match="cannot import module 'no_such_module_xyz'"):
+        load_entry("no_such_module_xyz:f", "model.entry")
+    with pytest.raises(ConfigError, match="has no attribute 'nothing'"):
+        load_entry("quantflow.demo.net:nothing", "model.entry")
+    with pytest.raises(ConfigError, match="not a mindspore.nn.Cell"):
+        build_network(cfg_with(tmp_path, entry="test_model:not_a_cell"), load_weights=False)
+
+
+def test_checkpoint_errors(tmp_path):
+    with pytest.raises(ConfigError, match="model.checkpoint: file not found"):
+        build_network(cfg_with(tmp_path, checkpoint="missing.ckpt"))
+    (tmp_path / "garbage.ckpt").write_bytes(b"\x00garbage")
+    with pytest.raises(QuantflowError, match="cannot read"):
+        build_network(cfg_with(tmp_path, checkpoint="garbage.ckpt"))
+    # a checkpoint of another network
+    other = ms.nn.Dense(3, 4)
+    ms.save_checkpoint(other, str(tmp_path / "other.ckpt"))
+    with pytest.raises(QuantflowError, match="does not match the network; missing: features.0.weight"):
+        build_network(cfg_with(tmp_path, checkpoint="other.ckpt"))
+
+
+def test_training_fails_below_min_accuracy(tmp_path):
+    from quantflow.demo.train import train
+
+    d = tomllib.loads((REPO / "quantflow.toml").read_text())
+    d["train"].update(epochs=1, min_accuracy=0.999)
+    cfg = config_from_dict(d, root=REPO)
+    with pytest.raises(QuantflowError, match="below train.min_accuracy=0.999"):
+        train(cfg, tmp_path / "m.ckpt")
+    assert (tmp_path / "m.metrics.json").is_file()
