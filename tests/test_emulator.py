@@ -285,3 +285,26 @@ def test_unsupported_networks_are_refused_clearly(cls, message):
 def test_plan_reproduces_mindspore(net_and_data):
     net, x = net_and_data
     assert verify_plan(read_plan(net), net, x[:8]) < 1e-3
+
+
+def test_grayscale_images_from_disk(tmp_path):
+    import cv2
+    from quantflow.images import ImageBatches
+
+    rng = np.random.default_rng(9)
+    paths = []
+    for i in range(20):
+        p = tmp_path / f"{i}.png"
+        cv2.imwrite(str(p), rng.integers(0, 256, (12, 12), dtype=np.uint8))
+        paths.append(p)
+    batches = ImageBatches(paths, 1, 12, 12, (0.5,), (0.25,), "0-1", "GRAY", batch_size=8)
+    assert [b.shape for b in batches] == [(8, 1, 12, 12), (8, 1, 12, 12), (4, 1, 12, 12)]
+    net = nn.SequentialCell([nn.Conv2d(1, 4, 3, has_bias=True), nn.ReLU(), nn.Flatten(), nn.Dense(4 * 12 * 12, 3)])
+    net.set_train(False)
+    model = calibrate(net, batches, (1, 1, 12, 12), "kl", bins=512)
+    x = next(iter(batches))
+    got = emulator.run(model, x)
+    ref, _ = ref_run(model, x)
+    np.testing.assert_array_equal(got, ref)
+    fp = net(Tensor(x)).asnumpy()
+    assert np.abs(got - fp).max() < 0.1 * np.abs(fp).max()
