@@ -30,16 +30,31 @@ def _check_entry(value: str) -> str:
 
 
 class ModelSection(_Section):
-    entry: str = Field(description="'package.module:callable' returning the (untrained) mindspore.nn.Cell")
-    checkpoint: Path = Field(description="MindSpore .ckpt with the trained weights")
+    entry: Optional[str] = Field(default=None,
+                                 description="'package.module:callable' returning the (untrained) mindspore.nn.Cell")
+    checkpoint: Optional[Path] = Field(default=None, description="MindSpore .ckpt with the trained weights")
+    mindir: Optional[Path] = Field(
+        default=None, description="the trained network as a MINDIR file, instead of entry + checkpoint")
     input_shape: tuple[int, int, int, int] = Field(description="N, C, H, W of the network input")
     input_name: str = Field(default="x", description="name of the graph input, used for atc --input_shape")
     num_classes: int = Field(gt=1)
+    verify_images: int = Field(default=8, gt=0, le=256,
+                               description="calibration images on which the graph IR is checked against MindSpore")
+    verify_tolerance: float = Field(default=1e-3, gt=0.0, description="largest allowed |IR - MindSpore| relative "
+                                                                      "to the largest |output|")
 
     @field_validator("entry")
     @classmethod
     def _entry(cls, v):
-        return _check_entry(v)
+        return None if v is None else _check_entry(v)
+
+    @model_validator(mode="after")
+    def _source(self):
+        if self.mindir is None and (self.entry is None or self.checkpoint is None):
+            raise ValueError("give model.entry and model.checkpoint, or model.mindir")
+        if self.mindir is not None and self.checkpoint is not None:
+            raise ValueError("give model.checkpoint (with model.entry) or model.mindir, not both")
+        return self
 
     @field_validator("input_shape")
     @classmethod
@@ -123,7 +138,15 @@ class BuildSection(_Section):
     atc_timeout_s: int = Field(default=1800, gt=0)
     require_om: bool = Field(default=False, description="fail (instead of skipping) when no .om can be built")
     atc_model: Literal["fp32", "int8sim"] = Field(
-        default="fp32", description="which exported AIR atc converts: the FP32 network, or the INT8-simulating one")
+        default="fp32", description="which exported AIR atc converts (fp32: the FP32 network)")
+
+    @field_validator("atc_model")
+    @classmethod
+    def _atc_model(cls, v):
+        if v == "int8sim":
+            raise ValueError("'int8sim' (the fake-quant MindSpore network of the earlier integer scheme) is no "
+                             "longer built: the Ascend INT8 scheme's deploy graph replaces it; use 'fp32'")
+        return v
 
     @field_validator("soc_version")
     @classmethod
@@ -159,6 +182,8 @@ class QuantflowConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self):
+        if self.train is not None and self.model.entry is None:
+            raise ValueError("[train] needs model.entry (the network to train)")
         c = self.model.input_shape[1]
         n = len(self.normalization.mean)
         if c != n:

@@ -1,13 +1,14 @@
 r"""The quantflow doit task graph.
 
-    train (optional) -> sample -> calibrate -> gate ---------\
-                          \           \--> export --\         >-> summary
-                           \--> aipp ----------------> atc ---/
+    train (optional) -> sample -> graph -> calibrate ---> gate --\
+                          \           \--> export --\     /         >-> summary
+                           \--> aipp -----------------> atc -------/
+                                  \--------------------> gate
 
 ``train`` and ``sample`` are tracked by doit (file dependencies and config sections).  Every
 later stage writes into ``<output_dir>/artifacts/<key>/`` where the key is a content hash of
-the checkpoint, configuration, calibration manifest, evaluation images, AIPP source and tool
-versions (quantflow.cache); those tasks are created once ``sample`` has run, and are up to
+the checkpoint (or MindIR), configuration, calibration manifest, evaluation images, AIPP source and tool
+versions (quantflow.pipeline.cache); those tasks are created once ``sample`` has run, and are up to
 date exactly when their outputs and completion marker exist under the current key.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from doit import create_after, get_var
 from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
-from quantflow import cache
+from quantflow.pipeline import cache
 from quantflow.config import DEFAULT_CONFIG_NAME, load_config
 from quantflow.errors import QuantflowError
 
@@ -74,15 +75,9 @@ def guarded(fn):
     return action
 
 
-def _pynative():
-    import mindspore as ms
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-
-
 def _write_json(path: Path, data) -> None:
-    tmp = Path(path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    from quantflow.pipeline.stages import write_json
+    write_json(path, data)
 
 
 def _calibration_paths():
@@ -123,52 +118,46 @@ def do_sample():
 
 
 @guarded
-def do_calibrate():
-    from quantflow.calibrate import calibrate, summary_table, write_quant_params
-    from quantflow.model import build_network
+def do_graph():
+    from quantflow.pipeline.stages import graph_stage
 
-    c = cfg()
     _, kdir = current_key()
-    _pynative()
-    net = build_network(c)
-    from quantflow.images import ImageBatches
+    info = graph_stage(cfg(), kdir, _calibration_paths())
+    v = info["verify"]
+    ops = ", ".join(f"{k} {n}" for k, n in info["ops"].items())
+    print(f"graph IR of {info['mindir']} ({info['source']}): {info['nodes']} nodes ({ops})")
+    print(f"IR float output matches MindSpore on {v['images']} calibration images: largest |diff| "
+          f"{v['max_abs_diff']:.2e} (relative {v['relative_diff']:.2e}, tolerance {v['tolerance']:g})")
+    cache.mark_done(kdir, "graph")
 
-    k = c.calibration
-    x = ImageBatches.for_config(c, _calibration_paths(), k.batch_size)
-    qm = calibrate(net, x, c.model.input_shape, k.method, k.percentile, k.histogram_bins, k.batch_size)
-    write_quant_params(qm, kdir)
-    table = summary_table(qm)
-    (kdir / "calibration.txt").write_text(f"method {k.method}, {len(x)} images\n{table}\n")
-    print(f"calibrated with {k.method} on {len(x)} images -> {kdir / 'qparams.json'}\n{table}")
+
+@guarded
+def do_calibrate():
+    from quantflow.pipeline.stages import calibrate_stage
+
+    _, kdir = current_key()
+    qp, images, table = calibrate_stage(cfg(), kdir, _calibration_paths())
+    print(f"calibrated {len(qp.ops)} INT8 ops with {qp.method} on {images} images -> {kdir / 'qparams.json'}\n{table}")
     cache.mark_done(kdir, "calibrate")
 
 
 @guarded
 def do_export():
-    from quantflow.calibrate import load_quant_params
-    from quantflow.export import export_models
-    from quantflow.model import build_network
-    from quantflow.qdq import build_qdq_network
+    from quantflow.pipeline.stages import export_stage
 
-    c = cfg()
     _, kdir = current_key()
-    _pynative()
-    status = {"fp32": export_models(build_network(c), c.model.input_shape, kdir, "model"),
-              "int8sim": export_models(build_qdq_network(load_quant_params(kdir)), c.model.input_shape, kdir,
-                                       "model_int8sim")}
-    _write_json(kdir / "export.json", status)
-    for kind, st in status.items():
-        print(f"exported {kind} MindIR -> {kdir / st['mindir']}")
-        if st["air"]:
-            print(f"exported {kind} AIR -> {kdir / st['air']}")
-        else:
-            print(f"SKIPPED {kind} AIR export: {st['air_skipped']}")
+    st = export_stage(cfg(), kdir)
+    print(f"exported FP32 MindIR -> {kdir / st['mindir']}")
+    if st["air"]:
+        print(f"exported FP32 AIR -> {kdir / st['air']}")
+    else:
+        print(f"SKIPPED AIR export: {st['air_skipped']}")
     cache.mark_done(kdir, "export")
 
 
 @guarded
 def do_aipp():
-    from quantflow.aipp import build_and_verify
+    from quantflow.backends.aipp import build_and_verify
 
     c = cfg()
     _, kdir = current_key()
@@ -180,43 +169,17 @@ def do_aipp():
 
 
 def _atc_state() -> dict:
-    from quantflow.atc import find_atc
+    from quantflow.backends.atc import find_atc
     atc = find_atc()
     return {"atc": str(atc) if atc else None}
 
 
 @guarded
 def do_atc():
-    from quantflow.atc import atc_command, find_atc, not_found_reason, run_atc
-    from quantflow.errors import AtcError
+    from quantflow.pipeline.stages import atc_stage
 
-    c = cfg()
     _, kdir = current_key()
-    export = json.loads((kdir / "export.json").read_text())[c.build.atc_model]
-    atc = find_atc()
-    status = {**_atc_state(), "soc_version": c.build.soc_version, "model": c.build.atc_model, "om": None,
-              "command": None}
-    if not export.get("air"):
-        status.update(status="skipped", reason=f"no AIR model to convert: {export.get('air_skipped')}")
-    elif atc is None:
-        status.update(status="skipped", reason=not_found_reason())
-    else:
-        prefix = kdir / "model"
-        cmd = atc_command(atc, kdir / export["air"], prefix, c.build.soc_version, kdir / "aipp.cfg",
-                          c.build.precision_mode, c.model.input_name, c.model.input_shape)
-        status["command"] = cmd
-        print("running: " + " ".join(cmd))
-        result = run_atc(cmd, prefix, c.build.atc_timeout_s)
-        status.update(status="built", om=result["om"], reason=None)
-        (kdir / "atc.log").write_text(result["log"] + "\n")
-    _write_json(kdir / "atc.json", status)
-    if status["status"] == "skipped":
-        msg = f"SKIPPED atc conversion for {c.build.soc_version}: {status['reason']}; no .om was written"
-        if c.build.require_om:
-            raise AtcError(msg + " (build.require_om = true)")
-        print(msg)
-    else:
-        print(f"built offline model {kdir / status['om']} for {c.build.soc_version}")
+    atc_stage(cfg(), kdir)
     cache.mark_done(kdir, "atc")
 
 
@@ -232,22 +195,10 @@ def _atc_uptodate() -> bool:
 
 @guarded
 def do_gate():
-    from quantflow.calibrate import load_quant_params
-    from quantflow.errors import AccuracyGateError
-    from quantflow.gate import evaluate, format_table, write_report
-    from quantflow.model import build_network
+    from quantflow.pipeline.stages import gate_stage
 
-    c = cfg()
     _, kdir = current_key()
-    _pynative()
-    report = evaluate(c, build_network(c), load_quant_params(kdir))
-    write_report(report, kdir / "accuracy_report.json", kdir / "accuracy_report.txt")
-    print(format_table(report))
-    if not report["passed"]:
-        raise AccuracyGateError(
-            f"INT8 top-1 {report['int8_top1']:.4f} vs FP32 {report['fp32_top1']:.4f}: drop "
-            f"{report['drop'] * 100:.2f} points exceeds evaluation.threshold {report['threshold'] * 100:.2f} "
-            f"(report: {kdir / 'accuracy_report.txt'})")
+    gate_stage(cfg(), kdir)
     cache.mark_done(kdir, "gate")
 
 
@@ -258,8 +209,7 @@ def _summary() -> dict:
     export = json.loads((kdir / "export.json").read_text())
     rel = lambda name: str(kdir / name) if name else None  # noqa: E731
     return {"key": key, "artifacts": str(kdir), "qparams": rel("qparams.json"),
-            "mindir": rel(export["fp32"]["mindir"]), "mindir_int8sim": rel(export["int8sim"]["mindir"]),
-            "air": rel(export["fp32"]["air"]), "air_int8sim": rel(export["int8sim"]["air"]),
+            "mindir": rel(export["mindir"]), "air": rel(export["air"]), "graph_onnx": rel("graph.onnx"),
             "aipp_config": rel("aipp.cfg"), "om": rel(atc.get("om")),
             "atc": atc["status"] if atc["status"] != "skipped" else f"skipped: {atc['reason']}",
             "gate": {k: gate[k] for k in ("passed", "fp32_top1", "int8_top1", "drop", "threshold")},
@@ -270,7 +220,7 @@ def do_summary():
     s = _summary()
     _write_json(cfg().out / "latest.json", s)
     print(f"artifacts ({s['key']}): {s['artifacts']}")
-    for k in ("qparams", "mindir", "mindir_int8sim", "air", "air_int8sim", "aipp_config", "om", "accuracy_report"):
+    for k in ("qparams", "mindir", "graph_onnx", "air", "aipp_config", "om", "accuracy_report"):
         print(f"  {k:<16} {s[k] or '-'}")
     print(f"  {'atc':<16} {s['atc']}")
     g = s["gate"]
@@ -297,7 +247,7 @@ def task_train():
         "targets": [str(ckpt)],
         "file_dep": _module_file(c.train.entry) + _module_file(c.model.entry),
         "uptodate": [config_changed({"train": c.train.model_dump(mode="json"),
-                                     "model": c.model.model_dump(mode="json", exclude={"input_name"})})],
+                                     "model": c.model.model_dump(mode="json", exclude={"input_name", "verify_images", "verify_tolerance"})})],
         "verbosity": 2,
     }
 
@@ -336,17 +286,22 @@ def _keyed(name: str, action, outputs: list[str], task_dep: list[str], doc: str,
 
 
 @create_after(executed="sample")
+def task_graph():
+    """Stage 3a: the network's MindIR read into the graph IR, checked against MindSpore."""
+    return _keyed("graph", do_graph, ["graph.json", "graph.onnx"], ["sample"], task_graph.__doc__)
+
+
+@create_after(executed="sample")
 def task_calibrate():
-    """Stage 2: observers in the network, activation ranges, INT8 parameters."""
-    return _keyed("calibrate", do_calibrate, ["qparams.json", "qparams.npz", "calibration.txt"], ["sample"],
-                 task_calibrate.__doc__)
+    """Stage 2: observers on every quantized op's input, activation ranges, Ascend INT8 parameters."""
+    return _keyed("calibrate", do_calibrate, ["qparams.json", "qparams.npz", "calibration.txt"], ["graph"],
+                  task_calibrate.__doc__)
 
 
 @create_after(executed="sample")
 def task_export():
-    """Stage 3: FP32 and INT8-simulating MindIR always, AIR when the Ascend backend is available."""
-    return _keyed("export", do_export, ["export.json", "model.mindir", "model_int8sim.mindir"], ["calibrate"],
-                  task_export.__doc__)
+    """Stage 3b: FP32 MindIR always, AIR when the Ascend backend is available."""
+    return _keyed("export", do_export, ["export.json", "model.mindir"], ["graph"], task_export.__doc__)
 
 
 @create_after(executed="sample")
@@ -364,7 +319,8 @@ def task_atc():
 @create_after(executed="sample")
 def task_gate():
     """Stage 6: INT8 emulation vs FP32 on held-out images; fails over evaluation.threshold."""
-    return _keyed("gate", do_gate, ["accuracy_report.json", "accuracy_report.txt"], ["calibrate"], task_gate.__doc__)
+    return _keyed("gate", do_gate, ["accuracy_report.json", "accuracy_report.txt"], ["calibrate", "aipp"],
+                  task_gate.__doc__)
 
 
 @create_after(executed="sample")

@@ -5,7 +5,7 @@ import cv2
 import numpy as np
 import pytest
 
-from quantflow import aipp
+from quantflow.backends import aipp
 from quantflow.config import config_from_dict
 from quantflow.errors import AippMismatchError, ConfigError
 from quantflow.images import scan_class_folders

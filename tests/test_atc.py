@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from quantflow.atc import atc_command, find_atc, not_found_reason, run_atc
+from quantflow.backends.atc import atc_command, find_atc, not_found_reason, run_atc
 from quantflow.errors import AtcError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,12 +107,10 @@ def test_exit_zero_without_om_and_timeout(fake_atc, tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- the pipeline's atc stage
 
 def write_export(kdir, air: bool, reason: str = "no Ascend backend"):
-    def one(stem):
-        if air:
-            (kdir / f"{stem}.air").write_bytes(b"AIR " + stem.encode())
-        return {"mindir": f"{stem}.mindir", "air": f"{stem}.air" if air else None,
-                "air_skipped": None if air else reason}
-    (kdir / "export.json").write_text(json.dumps({"fp32": one("model"), "int8sim": one("model_int8sim")}))
+    if air:
+        (kdir / "model.air").write_bytes(b"AIR model")
+    (kdir / "export.json").write_text(json.dumps({"mindir": "model.mindir", "air": "model.air" if air else None,
+                                                  "air_skipped": None if air else reason}))
 
 
 @pytest.fixture
@@ -142,18 +140,6 @@ def test_stage_builds_with_atc_and_air(fake_atc, atc_stage):
     assert f"--model={kdir / 'model.air'}" in args
     assert f"--insert_op_conf={kdir / 'aipp.cfg'}" in args and "--soc_version=Ascend310P3" in args
     assert pipeline._atc_uptodate()
-
-
-def test_stage_converts_the_int8sim_model_when_configured(fake_atc, atc_stage, monkeypatch):
-    pipeline, kdir = atc_stage
-    exe, log = fake_atc
-    cfg = pipeline._state["cfg"]
-    monkeypatch.setitem(pipeline._state, "cfg", cfg.model_copy(update={"build": cfg.build.model_copy(
-        update={"atc_model": "int8sim"})}))
-    write_export(kdir, air=True)
-    assert pipeline.do_atc() is None
-    assert f"--model={kdir / 'model_int8sim.air'}" in json.loads(log.read_text().splitlines()[0])
-    assert json.loads((kdir / "atc.json").read_text())["model"] == "int8sim"
 
 
 def test_stage_skips_plainly_and_writes_no_om(atc_stage, monkeypatch, capsys):

@@ -48,6 +48,8 @@ def test_unknown_top_level_section_is_rejected():
     ("model", "input_shape", [1, 3, 32], "model.input_shape"),
     ("build", "soc_version", "Kirin990", "build.soc_version"),
     ("build", "precision_mode", "int4", "build.precision_mode"),
+    ("build", "atc_model", "int8sim", "build.atc_model"),
+    ("model", "verify_images", 0, "model.verify_images"),
 ])
 def test_invalid_values_name_the_field(section, key, value, field):
     d = demo_dict()
@@ -59,8 +61,24 @@ def test_invalid_values_name_the_field(section, key, value, field):
 
 def test_missing_required_field():
     d = demo_dict()
+    del d["model"]["num_classes"]
+    with pytest.raises(ConfigError, match="model.num_classes: required but missing"):
+        config_from_dict(d)
+
+
+def test_model_source_is_entry_and_checkpoint_or_a_mindir():
+    d = demo_dict()
     del d["model"]["checkpoint"]
-    with pytest.raises(ConfigError, match="model.checkpoint: required but missing"):
+    with pytest.raises(ConfigError, match="give model.entry and model.checkpoint, or model.mindir"):
+        config_from_dict(d)
+    d["model"]["mindir"] = "net.mindir"
+    with pytest.raises(ConfigError, match=r"\[train\] needs model.entry"):
+        config_from_dict({**d, "model": {k: v for k, v in d["model"].items() if k != "entry"}})
+    del d["train"]
+    cfg = config_from_dict(d, root="/r")
+    assert cfg.path(cfg.model.mindir).as_posix() == "/r/net.mindir" and cfg.model.checkpoint is None
+    d["model"]["checkpoint"] = "x.ckpt"
+    with pytest.raises(ConfigError, match="not both"):
         config_from_dict(d)
 
 

@@ -3,11 +3,12 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-from quantflow.calibrate import load_quant_params
-from quantflow.gate import compare, evaluate, format_table
-from quantflow.quantize import QLayer
+from quantflow.backends.aipp import parse
+from quantflow.frontends.mindir import read_mindir
+from quantflow.pipeline.gate import compare, evaluate, format_table
+from quantflow.quantization.passes import fold_for_quantization
+from quantflow.quantization.qparams import QuantParams
 
 
 def test_compare_arithmetic():
@@ -23,16 +24,18 @@ def test_compare_arithmetic():
     assert "accuracy gate: FAIL" in text and "drop -25.00 points" not in text and "+25.00 points" in text
 
 
-def test_demo_passes_and_a_tampered_quantization_fails(built_demo, demo_cfg, demo_net):
+def test_demo_passes_and_a_tampered_quantization_fails(built_demo, demo_cfg):
     kdir = Path(json.loads((built_demo[0] / "build" / "latest.json").read_text())["artifacts"])
-    model = load_quant_params(kdir)
-    good = evaluate(demo_cfg, demo_net, model)
+    graph = read_mindir(kdir / "model.mindir")
+    folded = fold_for_quantization(graph)
+    qp = QuantParams.load(kdir)
+    aipp = parse((kdir / "aipp.cfg").read_text())
+    good = evaluate(demo_cfg, graph, folded, qp, aipp)
     assert good["passed"] and good["top1_agreement"] > 0.97
-    # break it: the second layer's weights lose all but their sign
-    broken = copy.deepcopy(model)
-    layer = [s for s in broken.steps if isinstance(s, QLayer)][1]
-    layer.w_q = (np.sign(layer.w_q) * 127).astype(np.int8)
-    bad = evaluate(demo_cfg, demo_net, broken)
+    # break it: the second convolution's weights lose all but their sign
+    broken = copy.deepcopy(qp)
+    broken.ops[1].weight = (np.sign(broken.ops[1].weight) * 127).astype(np.int8)
+    bad = evaluate(demo_cfg, graph, folded, broken, aipp)
     assert not bad["passed"]
     assert bad["drop"] > demo_cfg.evaluation.threshold
     assert bad["fp32_top1"] == good["fp32_top1"]

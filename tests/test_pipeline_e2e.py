@@ -5,8 +5,8 @@ from pathlib import Path
 
 from conftest import run_doit, task_lines
 
-ALL = ["train", "sample", "calibrate", "export", "aipp", "atc", "gate", "summary"]
-KEYED = ["calibrate", "export", "aipp", "atc", "gate"]
+ALL = ["train", "sample", "graph", "calibrate", "export", "aipp", "atc", "gate", "summary"]
+KEYED = ["graph", "calibrate", "export", "aipp", "atc", "gate"]
 
 
 def latest(project: Path) -> dict:
@@ -17,15 +17,20 @@ def test_first_run_executes_every_stage(built_demo):
     project, proc = built_demo
     assert task_lines(proc.stdout) == {t: "ran" for t in ALL}
     out = proc.stdout
-    assert "SKIPPED fp32 AIR export" in out and "SKIPPED int8sim AIR export" in out and "Ascend backend" in out
+    assert "SKIPPED AIR export" in out and "Ascend backend" in out
+    assert "IR float output matches MindSpore on 8 calibration images" in out
     assert "SKIPPED atc conversion for Ascend310P3" in out and "no .om was written" in out
     assert not list((project / "build").rglob("*.om"))
     s = latest(project)
     kdir = Path(s["artifacts"])
-    for name in ["qparams.json", "qparams.npz", "model.mindir", "model_int8sim.mindir", "aipp.cfg", "aipp_check.json", "atc.json",
-                 "accuracy_report.json", "accuracy_report.txt", "key_inputs.json"]:
+    for name in ["graph.json", "graph.onnx", "qparams.json", "qparams.npz", "model.mindir", "aipp.cfg",
+                 "aipp_check.json", "atc.json", "accuracy_report.json", "accuracy_report.txt", "key_inputs.json"]:
         assert (kdir / name).is_file(), name
-    assert s["om"] is None and s["air"] is None and s["air_int8sim"] is None and s["atc"].startswith("skipped: ")
+    assert s["om"] is None and s["air"] is None and s["atc"].startswith("skipped: ")
+    graph = json.loads((kdir / "graph.json").read_text())
+    assert graph["ops"]["Conv2D"] == 2 and graph["verify"]["relative_diff"] < 1e-3
+    qparams = json.loads((kdir / "qparams.json").read_text())
+    assert [q["op"] for q in qparams["ops"]] == ["Conv2D", "Conv2D", "MatMul", "MatMul"]
     assert s["gate"]["passed"] is True
     assert s["gate"]["fp32_top1"] >= 0.95  # the stated FP32 accuracy of the demo model
     assert s["gate"]["fp32_top1"] - s["gate"]["int8_top1"] <= 0.01

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from quantflow.ranges import Observer, kl_threshold, percentile_range
+from quantflow.quantization.ranges import Observer, kl_threshold, percentile_range
 
 
 def observe_all(data, bins=2048, chunks=4):

@@ -20,8 +20,8 @@ from string import Template
 
 import numpy as np
 
-from .errors import AippMismatchError, ConfigError
-from .images import preprocess, read_image
+from ..errors import AippMismatchError, ConfigError
+from ..images import preprocess, read_image
 
 SUPPORTED_FORMATS = {"RGB888_U8": 3, "YUV400_U8": 1}
 _LINE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*(\S+)\s*$")
@@ -219,7 +219,7 @@ def norm_description(norm, input_channel_order: str) -> str:
 
 def build_and_verify(cfg, image_paths: list[Path], out_cfg: Path) -> dict:
     """Write the AIPP config (generated, or the configured hand-written one) to ``out_cfg`` and verify it."""
-    from .model import load_entry
+    from ..model import load_entry
 
     norm, a = cfg.normalization, cfg.aipp
     channels = cfg.model.input_shape[1]

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .errors import AtcError
+from ..errors import AtcError
 
 TOOLKIT_CANDIDATES = ("bin/atc", "compiler/bin/atc", "atc/bin/atc")
 

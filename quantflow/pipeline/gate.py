@@ -1,4 +1,9 @@
-"""Stage 6: the accuracy gate -- INT8 (integer emulator) against FP32 (MindSpore) on held-out images."""
+"""Stage 6: the accuracy gate -- INT8 emulation against FP32 on held-out images.
+
+FP32: the graph IR run in float32 on the training preprocessing of each image (the IR was
+checked against MindSpore in the graph stage).  INT8: each uint8 image as the device receives
+it, through the verified AIPP config (float16 output), into the INT8 emulation.
+"""
 from __future__ import annotations
 
 import json
@@ -6,20 +11,20 @@ from pathlib import Path
 
 import numpy as np
 
-from . import emulator
-from .images import ImageBatches, scan_class_folders
+from ..backends import aipp
+from ..engine.float_runner import float_runner
+from ..engine.int8_emulator import Emulator
+from ..images import load_images, preprocess, scan_class_folders
 
 
-def load_eval_set(cfg) -> tuple[ImageBatches, np.ndarray]:
-    """Lazily read batches of the held-out images, and their labels."""
+def eval_items(cfg):
     items = scan_class_folders(cfg.path(cfg.evaluation.data_dir), cfg.model.num_classes)
-    return (ImageBatches.for_config(cfg, [i.path for i in items], cfg.evaluation.batch_size),
-            np.array([i.label for i in items]))
+    return [i.path for i in items], np.array([i.label for i in items])
 
 
-def fp32_logits(net, x: np.ndarray) -> np.ndarray:
-    from mindspore import Tensor
-    return net(Tensor(np.ascontiguousarray(x, np.float32))).asnumpy().astype(np.float64)
+def aipp_batch(params: dict, images: np.ndarray, input_channel_order: str) -> np.ndarray:
+    """The float16 AIPP output the device feeds the first layer, for uint8 images as OpenCV reads them."""
+    return np.stack([aipp.apply(params, aipp.device_frame(img, input_channel_order)) for img in images])
 
 
 def compare(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, threshold: float) -> dict:
@@ -47,15 +52,24 @@ def compare(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, threshold: float)
     }
 
 
-def evaluate(cfg, net, qmodel) -> dict:
-    batches, y = load_eval_set(cfg)
+def evaluate(cfg, graph, folded, qparams, aipp_params: dict) -> dict:
+    """Top-1 of FP32 and of the INT8 emulation on ``evaluation.data_dir``."""
+    paths, labels = eval_items(cfg)
+    _, c, h, w = cfg.model.input_shape
+    n = cfg.normalization
+    fp32, int8 = float_runner(graph), Emulator(folded, qparams)
     fp, q = [], []
-    for x in batches:  # one batch of images in memory at a time
-        fp.append(fp32_logits(net, x))
-        q.append(emulator.run(qmodel, x))
-    report = compare(np.concatenate(fp), np.concatenate(q), y, cfg.evaluation.threshold)
+    bs = cfg.evaluation.batch_size
+    for s in range(0, len(paths), bs):  # one batch of images in memory at a time
+        images = load_images(paths[s:s + bs], c, h, w)
+        fp.append(fp32.run(preprocess(images, n.mean, n.std, n.scale, n.channel_order))[graph.outputs[0]])
+        q.append(int8.logits(aipp_batch(aipp_params, images, cfg.aipp.input_channel_order)))
+    fp_all = np.concatenate(fp).reshape(len(paths), -1).astype(np.float64)
+    q_all = np.concatenate(q).reshape(len(paths), -1).astype(np.float64)
+    report = compare(fp_all, q_all, labels, cfg.evaluation.threshold)
     report["eval_data"] = str(cfg.evaluation.data_dir)
-    report["calibration_method"] = qmodel.method
+    report["calibration_method"] = qparams.method
+    report["quantized_ops"] = len(qparams.ops)
     return report
 
 
@@ -63,7 +77,7 @@ def format_table(r: dict) -> str:
     verdict = "PASS" if r["passed"] else "FAIL"
     lines = [
         f"accuracy gate: {verdict}  ({r['images']} held-out images from {r.get('eval_data', '?')}, "
-        f"calibration method {r.get('calibration_method', '?')})",
+        f"calibration method {r.get('calibration_method', '?')}, {r.get('quantized_ops', '?')} INT8 ops)",
         f"  {'model':<8} {'top-1':>8}",
         f"  {'FP32':<8} {r['fp32_top1'] * 100:>7.2f}%",
         f"  {'INT8':<8} {r['int8_top1'] * 100:>7.2f}%",

@@ -14,14 +14,14 @@ import platform
 from importlib import metadata
 from pathlib import Path
 
-from .images import IMAGE_EXTS, file_sha256
+from ..images import IMAGE_EXTS, file_sha256
 
 KEY_LENGTH = 16
 
 
 def quantflow_source_digest() -> str:
     h = hashlib.sha256()
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]
     for p in sorted(root.rglob("*.py")):
         h.update(p.relative_to(root).as_posix().encode())
         h.update(p.read_bytes())
@@ -30,7 +30,7 @@ def quantflow_source_digest() -> str:
 
 def tool_versions() -> dict:
     out = {"python": platform.python_version()}
-    for dist in ("quantflow", "mindspore", "numpy", "opencv-python-headless", "pydantic"):
+    for dist in ("quantflow", "mindspore", "numpy", "opencv-python-headless", "pydantic", "onnx", "onnxruntime"):
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -52,10 +52,12 @@ def folder_digest(folder: Path) -> str:
 
 
 def key_inputs(cfg, manifest_path: Path) -> dict:
-    ckpt = cfg.path(cfg.model.checkpoint)
+    ckpt = cfg.path(cfg.model.checkpoint) if cfg.model.checkpoint else None
+    mindir = cfg.path(cfg.model.mindir) if cfg.model.mindir else None
     aipp_src = cfg.path(cfg.aipp.config_file) if cfg.aipp.config_file else cfg.path(cfg.aipp.template)
     return {
-        "checkpoint": file_sha256(ckpt) if ckpt.is_file() else None,
+        "checkpoint": file_sha256(ckpt) if ckpt and ckpt.is_file() else None,
+        "mindir": file_sha256(mindir) if mindir and mindir.is_file() else None,
         "config": hashlib.sha256(cfg.canonical_json().encode()).hexdigest(),
         "manifest": file_sha256(manifest_path) if Path(manifest_path).is_file() else None,
         "eval_data": folder_digest(cfg.path(cfg.evaluation.data_dir)),

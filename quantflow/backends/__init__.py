@@ -1,0 +1,1 @@
+"""Back-ends: what the device needs (MindIR/AIR export, AIPP config, atc conversion)."""

@@ -1,0 +1,72 @@
+"""Float execution of the graph IR with onnxruntime.
+
+``to_onnx`` lowers every IR node through its registry entry into one ONNX graph; ``Runner``
+runs it in batches.  The IR is static in shape (MindSpore fixes the batch size at export), so
+inputs are cut into chunks of the graph's batch size and the last chunk is padded.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from ..ir import Graph
+from ..ops import get as get_op
+from .onnx_builder import OnnxBuilder
+
+
+def lower_nodes(graph: Graph, b: OnnxBuilder, nodes=None) -> None:
+    for node in graph.nodes if nodes is None else nodes:
+        get_op(node.op, node.name).to_onnx(node, b)
+
+
+def to_onnx(graph: Graph, extra_outputs: list[str] = ()) -> onnx.ModelProto:
+    """The float ONNX model of ``graph``; ``extra_outputs`` are inner tensors to expose (for observers)."""
+    b = OnnxBuilder(graph.name)
+    for k, v in graph.initializers.items():
+        b.initializer(k, v)
+    lower_nodes(graph, b)
+    outs = list(graph.outputs) + [t for t in extra_outputs if t not in graph.outputs]
+    return b.model([(i, graph.tensors[i].shape, graph.tensors[i].dtype) for i in graph.inputs],
+                   [(o, graph.tensors[o].dtype if o in graph.tensors else "float32") for o in outs])
+
+
+def session(model: onnx.ModelProto, optimize: bool = True, threads: int = 0):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+                                     else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    opts.log_severity_level = 3
+    if threads:
+        opts.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+class Runner:
+    """Runs an ONNX model of a single-input IR graph over any number of samples."""
+
+    def __init__(self, model: onnx.ModelProto, input_name: str, batch: int, optimize: bool = True):
+        self.sess = session(model, optimize)
+        self.input_name, self.batch = input_name, batch
+        self.output_names = [o.name for o in self.sess.get_outputs()]
+
+    def run(self, x: np.ndarray, outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+        names = outputs or self.output_names
+        x = np.ascontiguousarray(x, np.float32)
+        n = len(x)
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in names}
+        for s in range(0, n, self.batch):
+            chunk = x[s:s + self.batch]
+            real = len(chunk)
+            if real < self.batch:
+                chunk = np.concatenate([chunk, np.zeros((self.batch - real,) + chunk.shape[1:], np.float32)])
+            for k, v in zip(names, self.sess.run(names, {self.input_name: chunk})):
+                parts[k].append(v[:real] if v.ndim and v.shape[0] == self.batch else v)
+        return {k: np.concatenate(v) if v and v[0].ndim else (v[0] if v else None) for k, v in parts.items()}
+
+
+def float_runner(graph: Graph, extra_outputs: list[str] = ()) -> Runner:
+    if len(graph.inputs) != 1:
+        raise ValueError(f"graph {graph.name} has {len(graph.inputs)} inputs; quantflow runs single-input networks")
+    inp = graph.inputs[0]
+    return Runner(to_onnx(graph, extra_outputs), inp, graph.tensors[inp].shape[0])

@@ -1,0 +1,63 @@
+"""A small writer of ONNX graphs: nodes, constants and fresh tensor names.
+
+The op registry lowers every IR op through it; the float engine and the INT8 emulator build
+their onnxruntime graphs with it.  opset 17 (LayerNormalization is the newest op used).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+
+_ONNX_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "float64": TensorProto.DOUBLE,
+               "int32": TensorProto.INT32, "int64": TensorProto.INT64, "int8": TensorProto.INT8,
+               "uint8": TensorProto.UINT8, "bool": TensorProto.BOOL}
+
+
+def onnx_type(dtype: str) -> int:
+    return _ONNX_TYPES[str(np.dtype(dtype))]
+
+
+class OnnxBuilder:
+    def __init__(self, name: str = "quantflow"):
+        self.name = name
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: dict[str, np.ndarray] = {}
+        self._count = 0
+
+    def fresh(self, hint: str) -> str:
+        self._count += 1
+        return f"{hint}__{self._count}"
+
+    def const(self, value, hint: str = "const", dtype=None) -> str:
+        arr = np.asarray(value, dtype=dtype)
+        if arr.dtype == np.float64 and dtype is None:
+            arr = arr.astype(np.float32)
+        name = self.fresh(hint)
+        self.initializers[name] = arr
+        return name
+
+    def initializer(self, name: str, value: np.ndarray) -> str:
+        self.initializers[name] = np.asarray(value)
+        return name
+
+    def add(self, op_type: str, inputs: list[str], outputs: list[str] | str | None = None, **attrs) -> str | list[str]:
+        """Append a node; returns its output name (or names, when several were asked for)."""
+        single = outputs is None or isinstance(outputs, str)
+        outs = [outputs] if isinstance(outputs, str) else (outputs or [self.fresh(op_type.lower())])
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=self.fresh(op_type), **attrs))
+        return outs[0] if single else outs
+
+    def model(self, inputs: list[tuple[str, tuple, str]], outputs: list[tuple[str, str]]) -> onnx.ModelProto:
+        """``inputs``: (name, shape, dtype); ``outputs``: (name, dtype)."""
+        graph = helper.make_graph(
+            self.nodes, self.name,
+            [helper.make_tensor_value_info(n, onnx_type(d), list(s)) for n, s, d in inputs],
+            [helper.make_tensor_value_info(n, onnx_type(d), None) for n, d in outputs],
+            [numpy_helper.from_array(np.ascontiguousarray(v), k) for k, v in self.initializers.items()])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                                  producer_name="quantflow")
+        model.ir_version = 8
+        return model

@@ -1,0 +1,1 @@
+"""Front-ends: read a trained model into quantflow's graph IR."""

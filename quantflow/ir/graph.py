@@ -1,0 +1,97 @@
+"""The graph IR.
+
+A ``Graph`` is a list of ``Node``s in topological order over named tensors.  A tensor name is
+a graph input, an initializer (a parameter or constant held as a NumPy array) or the output of
+exactly one node.  ``Node.op`` names an entry of the op registry (``quantflow.ops``), which owns
+what the op computes; ``Node.attrs`` hold that op's normalized attributes (plain Python values).
+``Node.name`` is the node name in the source model (the MindIR node name), kept so that every
+artifact can point back at the layer it came from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+
+@dataclass
+class Node:
+    name: str
+    op: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict = field(default_factory=dict)
+    scope: str = ""          # readable layer path from the source model (e.g. Default/c1-Conv2d/Conv2D-op0)
+
+    @property
+    def label(self) -> str:
+        return self.scope or self.name
+
+
+@dataclass
+class Graph:
+    nodes: list[Node]
+    inputs: list[str]
+    outputs: list[str]
+    initializers: dict[str, np.ndarray]
+    tensors: dict[str, TensorInfo]       # shape and dtype of every graph input and node output
+    name: str = "graph"
+
+    def producer(self) -> dict[str, Node]:
+        return {o: n for n in self.nodes for o in n.outputs}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        out: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                out.setdefault(i, []).append(n)
+        return out
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        if name in self.initializers:
+            return tuple(self.initializers[name].shape)
+        return self.tensors[name].shape
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def check(self) -> None:
+        """Every input defined before use, every tensor produced once, outputs defined."""
+        defined = set(self.inputs) | set(self.initializers)
+        for n in self.nodes:
+            for i in n.inputs:
+                if i not in defined:
+                    raise ValueError(f"node {n.name} ({n.op}) reads {i!r} before it is defined")
+            for o in n.outputs:
+                if o in defined:
+                    raise ValueError(f"tensor {o!r} is defined twice (again by node {n.name})")
+                defined.add(o)
+        for o in self.outputs:
+            if o not in defined:
+                raise ValueError(f"graph output {o!r} is not produced by any node")
+
+    def prune(self) -> None:
+        """Drop nodes and initializers the outputs do not depend on."""
+        needed = set(self.outputs)
+        kept = []
+        for n in reversed(self.nodes):
+            if any(o in needed for o in n.outputs):
+                kept.append(n)
+                needed.update(n.inputs)
+        self.nodes = kept[::-1]
+        self.initializers = {k: v for k, v in self.initializers.items() if k in needed}
+
+    def op_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for n in self.nodes:
+            counts[n.op] = counts.get(n.op, 0) + 1
+        return dict(sorted(counts.items()))

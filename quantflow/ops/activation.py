@@ -1,0 +1,41 @@
+"""Element-wise activations."""
+from __future__ import annotations
+
+import math
+
+from .registry import OpDef, register
+
+
+def _unary(ctx):
+    return [ctx.tensor(0)], {}
+
+
+def _simple(onnx_op: str, **onnx_attrs):
+    return lambda n, b: b.add(onnx_op, n.inputs, n.outputs[0], **onnx_attrs)
+
+
+def _relu6_onnx(node, b):
+    b.add("Clip", [node.inputs[0], b.const(0.0, "zero"), b.const(6.0, "six")], node.outputs[0])
+
+
+def _silu_onnx(node, b):
+    b.add("Mul", [node.inputs[0], b.add("Sigmoid", node.inputs[:1])], node.outputs[0])
+
+
+def _gelu_onnx(node, b):
+    # MindSpore's GeLU primitive: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    x = node.inputs[0]
+    x3 = b.add("Mul", [b.add("Mul", [x, x]), x])
+    inner = b.add("Mul", [b.add("Add", [x, b.add("Mul", [x3, b.const(0.044715, "c")])]),
+                          b.const(math.sqrt(2.0 / math.pi), "c")])
+    half_x = b.add("Mul", [x, b.const(0.5, "half")])
+    b.add("Mul", [half_x, b.add("Add", [b.add("Tanh", [inner]), b.const(1.0, "one")])], node.outputs[0])
+
+
+register(OpDef("ReLU", _unary, _simple("Relu")))
+register(OpDef("ReLU6", _unary, _relu6_onnx))
+register(OpDef("HSwish", _unary, _simple("HardSwish"), exact_in_fp16=False))
+register(OpDef("HSigmoid", _unary, _simple("HardSigmoid", alpha=1.0 / 6.0, beta=0.5), exact_in_fp16=False))
+register(OpDef("Sigmoid", _unary, _simple("Sigmoid"), exact_in_fp16=False))
+register(OpDef("SiLU", _unary, _silu_onnx, exact_in_fp16=False))
+register(OpDef("GeLU", _unary, _gelu_onnx, exact_in_fp16=False))

@@ -1,0 +1,197 @@
+"""The stage logic behind the doit tasks; each takes the configuration and the artifact folder.
+
+    graph      MindIR (exported from model.entry + model.checkpoint, or model.mindir) -> graph IR,
+               whose float output is checked against MindSpore's on calibration images
+    calibrate  observers on every quantized op's input; Ascend INT8 parameters -> qparams
+    export     MindIR always; AIR when MindSpore's Ascend backend is available
+    aipp       AIPP config, verified against the training preprocessing
+    atc        .om conversion when a CANN toolkit is present
+    gate       INT8 emulation (from the uint8 image through AIPP) vs FP32, on held-out images
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import AccuracyGateError, AtcError, UnsupportedNetworkError
+from ..images import ImageBatches
+
+
+def write_json(path: Path, data) -> None:
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def mindir_path(cfg, kdir: Path) -> Path:
+    """The MindIR every stage reads: model.mindir as given, or the one exported into the artifacts."""
+    return cfg.path(cfg.model.mindir) if cfg.model.mindir else Path(kdir) / "model.mindir"
+
+
+def load_graph(cfg, kdir: Path):
+    from ..frontends.mindir import read_mindir
+    return read_mindir(mindir_path(cfg, kdir))
+
+
+# ----------------------------------------------------------------------------- graph
+
+def mindspore_outputs(mindir: Path, x: np.ndarray, batch: int) -> np.ndarray:
+    """MindSpore's own output of a MindIR (the reference the IR is checked against)."""
+    import mindspore as ms
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    cell = ms.nn.GraphCell(ms.load(str(mindir)))
+    out = []
+    for s in range(0, len(x), batch):
+        chunk = x[s:s + batch]
+        real = len(chunk)
+        if real < batch:
+            chunk = np.concatenate([chunk, np.zeros((batch - real,) + chunk.shape[1:], np.float32)])
+        y = cell(ms.Tensor(np.ascontiguousarray(chunk, np.float32)))
+        y = y[0] if isinstance(y, (tuple, list)) else y
+        out.append(y.asnumpy()[:real])
+    return np.concatenate(out)
+
+
+def verify_graph(graph, mindir: Path, x: np.ndarray, tolerance: float) -> dict:
+    """Compare the IR's float output (onnxruntime) with MindSpore's on ``x``; raise when beyond tolerance."""
+    from ..engine.float_runner import float_runner
+
+    got = float_runner(graph).run(x)[graph.outputs[0]]
+    ref = mindspore_outputs(mindir, x, graph.tensors[graph.inputs[0]].shape[0])
+    if got.shape != ref.shape:
+        raise UnsupportedNetworkError(f"{mindir}: the graph IR gives output shape {got.shape}, MindSpore {ref.shape}")
+    scale = max(float(np.abs(ref).max()), 1e-6)
+    err = float(np.abs(got - ref).max())
+    report = {"images": int(len(x)), "max_abs_diff": err, "reference_max_abs": scale,
+              "relative_diff": err / scale, "tolerance": tolerance,
+              "top1_agreement": float((got.reshape(len(x), -1).argmax(1) == ref.reshape(len(x), -1).argmax(1)).mean())}
+    if err / scale > tolerance:
+        raise UnsupportedNetworkError(
+            f"{mindir}: the graph IR does not compute what MindSpore computes: largest |diff| {err:.3g} on outputs "
+            f"up to {scale:.3g} (relative {err / scale:.2e} > model.verify_tolerance {tolerance:g}) over {len(x)} "
+            f"calibration images")
+    return report
+
+
+def graph_stage(cfg, kdir: Path, calibration_paths: list[Path]) -> dict:
+    from ..backends.export import export_mindir
+    from ..engine.float_runner import to_onnx
+    from ..model import build_network
+
+    kdir = Path(kdir)
+    if cfg.model.mindir:
+        source = f"model.mindir {cfg.path(cfg.model.mindir)}"
+    else:
+        export_mindir(build_network(cfg), cfg.model.input_shape, kdir / "model.mindir")
+        source = f"exported from {cfg.model.entry} + {cfg.path(cfg.model.checkpoint)}"
+    mindir = mindir_path(cfg, kdir)
+    graph = load_graph(cfg, kdir)
+    shape = graph.tensors[graph.inputs[0]].shape
+    if tuple(shape) != tuple(cfg.model.input_shape):
+        raise UnsupportedNetworkError(f"{mindir}: the network input is {list(shape)}, model.input_shape says "
+                                      f"{list(cfg.model.input_shape)}")
+    n = cfg.model.verify_images
+    x = next(iter(ImageBatches.for_config(cfg, calibration_paths[:n], n)))
+    check = verify_graph(graph, mindir, x, cfg.model.verify_tolerance)
+    import onnx
+    onnx.save(to_onnx(graph), str(kdir / "graph.onnx"))
+    info = {"source": source, "mindir": str(mindir), "nodes": len(graph.nodes), "ops": graph.op_counts(),
+            "parameters": int(sum(v.size for v in graph.initializers.values())), "verify": check}
+    write_json(kdir / "graph.json", info)
+    return info
+
+
+# ----------------------------------------------------------------------------- calibrate
+
+def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path]):
+    from ..quantization.calibrater import calibrate
+    from ..quantization.passes import fold_for_quantization
+
+    k = cfg.calibration
+    graph = fold_for_quantization(load_graph(cfg, kdir))
+    batches = ImageBatches.for_config(cfg, calibration_paths, k.batch_size)
+    qp = calibrate(graph, batches, k.method, k.percentile, k.histogram_bins)
+    if not qp.ops:
+        raise UnsupportedNetworkError(f"{mindir_path(cfg, kdir)}: the network has no Conv2D or MatMul with constant "
+                                      f"weights; nothing to quantize")
+    qp.save(kdir)
+    table = qp.table()
+    Path(kdir, "calibration.txt").write_text(f"method {k.method}, {len(batches)} images, {len(qp.ops)} quantized "
+                                             f"ops\n{table}\n")
+    return qp, len(batches), table
+
+
+# ----------------------------------------------------------------------------- export
+
+def export_stage(cfg, kdir: Path) -> dict:
+    from ..backends.export import export_air
+
+    if cfg.model.mindir:
+        shutil.copyfile(cfg.path(cfg.model.mindir), Path(kdir) / "model.mindir")
+        status = {"mindir": "model.mindir", "air": None,
+                  "air_skipped": "model.mindir was given without model.entry: AIR is exported from the network"}
+    else:
+        from ..model import build_network
+        status = {"mindir": "model.mindir", **export_air(build_network(cfg), cfg.model.input_shape, kdir, "model")}
+    write_json(Path(kdir) / "export.json", status)
+    return status
+
+
+# ----------------------------------------------------------------------------- atc
+
+def atc_stage(cfg, kdir: Path) -> dict:
+    from ..backends.atc import atc_command, find_atc, not_found_reason, run_atc
+
+    kdir = Path(kdir)
+    export = json.loads((kdir / "export.json").read_text())
+    atc = find_atc()
+    status = {"atc": str(atc) if atc else None, "soc_version": cfg.build.soc_version, "model": cfg.build.atc_model,
+              "om": None, "command": None}
+    if not export.get("air"):
+        status.update(status="skipped", reason=f"no AIR model to convert: {export.get('air_skipped')}")
+    elif atc is None:
+        status.update(status="skipped", reason=not_found_reason())
+    else:
+        prefix = kdir / "model"
+        cmd = atc_command(atc, kdir / export["air"], prefix, cfg.build.soc_version, kdir / "aipp.cfg",
+                          cfg.build.precision_mode, cfg.model.input_name, cfg.model.input_shape)
+        status["command"] = cmd
+        print("running: " + " ".join(cmd))
+        result = run_atc(cmd, prefix, cfg.build.atc_timeout_s)
+        status.update(status="built", om=result["om"], reason=None)
+        (kdir / "atc.log").write_text(result["log"] + "\n")
+    write_json(kdir / "atc.json", status)
+    if status["status"] == "skipped":
+        msg = f"SKIPPED atc conversion for {cfg.build.soc_version}: {status['reason']}; no .om was written"
+        if cfg.build.require_om:
+            raise AtcError(msg + " (build.require_om = true)")
+        print(msg)
+    else:
+        print(f"built offline model {kdir / status['om']} for {cfg.build.soc_version}")
+    return status
+
+
+# ----------------------------------------------------------------------------- gate
+
+def gate_stage(cfg, kdir: Path) -> dict:
+    from ..backends.aipp import parse
+    from ..quantization.passes import fold_for_quantization
+    from ..quantization.qparams import QuantParams
+    from .gate import evaluate, format_table, write_report
+
+    kdir = Path(kdir)
+    graph = load_graph(cfg, kdir)
+    aipp_params = parse((kdir / "aipp.cfg").read_text(), str(kdir / "aipp.cfg"))
+    report = evaluate(cfg, graph, fold_for_quantization(graph), QuantParams.load(kdir), aipp_params)
+    write_report(report, kdir / "accuracy_report.json", kdir / "accuracy_report.txt")
+    print(format_table(report))
+    if not report["passed"]:
+        raise AccuracyGateError(
+            f"INT8 top-1 {report['int8_top1']:.4f} vs FP32 {report['fp32_top1']:.4f}: drop "
+            f"{report['drop'] * 100:.2f} points exceeds evaluation.threshold {report['threshold'] * 100:.2f} "
+            f"(report: {kdir / 'accuracy_report.txt'})")
+    return report

@@ -1,0 +1,97 @@
+"""Calibration: observers on the input of every quantized op, then the Ascend INT8 parameters.
+
+``Calibrater`` inserts an observer on each tensor a quantized op (Conv2D, MatMul/Dense with a
+constant weight) reads, by exposing those tensors as extra outputs of the IR's float
+onnxruntime graph, and runs the calibration batches through it twice: ranges first, then
+histograms over those ranges (for the percentile and KL methods).  Ops that read the same
+tensor share its observer, hence its scale_d/offset_d.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..engine.float_runner import float_runner
+from ..errors import DataError
+from ..ir import Graph, Node
+from ..ops import get as get_op
+from . import scheme
+from .qparams import QuantizedOp, QuantParams
+from .ranges import Observer
+
+
+def quantized_nodes(g: Graph) -> list[Node]:
+    """The ops the scheme quantizes: registry-quantizable, with a constant weight of a supported layout."""
+    out = []
+    for n in g.nodes:
+        if not get_op(n.op, n.name).quantizable or n.inputs[1] not in g.initializers:
+            continue
+        if n.op == "MatMul" and (n.attrs["transpose_a"] or n.attrs["rank_a"] != 2 or n.attrs["rank_b"] != 2):
+            continue
+        out.append(n)
+    return out
+
+
+class Calibrater:
+    def __init__(self, graph: Graph, bins: int = 2048):
+        self.graph = graph
+        self.nodes = quantized_nodes(graph)
+        self.tensors = list(dict.fromkeys(n.inputs[0] for n in self.nodes))
+        self.observers = {t: Observer(t, bins) for t in self.tensors}
+        self.runner = float_runner(graph, self.tensors)
+        self.images = 0
+
+    def _pass(self, batches) -> None:
+        for x in batches:
+            outs = self.runner.run(x, self.tensors)
+            for t in self.tensors:
+                try:
+                    self.observers[t].observe(outs[t])
+                except FloatingPointError as err:
+                    raise DataError(f"calibration: {err}") from None
+            self.images += len(x)
+
+    def collect(self, batches) -> None:
+        """Two passes over ``batches`` (a re-iterable of float N,C,H,W arrays)."""
+        self._pass(batches)
+        if self.images == 0:
+            raise DataError("calibration: no calibration images")
+        for obs in self.observers.values():
+            obs.start_histograms()
+        self._pass(batches)
+
+    def ranges(self, method: str, percentile: float = 99.99) -> dict[str, tuple[float, float]]:
+        return {t: obs.range(method, percentile) for t, obs in self.observers.items()}
+
+
+def _relu_follows(g: Graph, node: Node, consumers) -> bool:
+    readers = consumers.get(node.outputs[0], [])
+    return len(readers) == 1 and readers[0].op == "ReLU" and node.outputs[0] not in g.outputs
+
+
+def quantize(graph: Graph, ranges: dict[str, tuple[float, float]], method: str,
+             observers: dict[str, Observer] | None = None) -> QuantParams:
+    """The scheme's parameters for every quantized op of ``graph`` (BatchNorm already folded)."""
+    consumers = graph.consumers()
+    ops = []
+    for n in quantized_nodes(graph):
+        lo, hi = ranges[n.inputs[0]]
+        scale_d, offset_d = scheme.act_qparams(lo, hi)
+        axis = scheme.weight_channel_axis(n.op, n.attrs)
+        w_q, scale_w = scheme.quantize_weight(graph.initializers[n.inputs[1]], axis)
+        bias = graph.initializers[n.inputs[2]] if len(n.inputs) == 3 else None
+        stats = {"lo": float(lo), "hi": float(hi)}
+        if observers is not None:
+            stats.update(observers[n.inputs[0]].summary())
+        ops.append(QuantizedOp(
+            node=n.name, scope=n.label, op=n.op, input=n.inputs[0], scale_d=scale_d, offset_d=offset_d,
+            scale_w=scale_w, channel_axis=axis, weight=w_q,
+            bias=scheme.quantize_bias(bias, scale_d, scale_w, n.label),
+            deq_scale=scheme.deq_scale(scale_d, scale_w), relu=_relu_follows(graph, n, consumers), stats=stats))
+    return QuantParams(method, ops)
+
+
+def calibrate(graph: Graph, batches, method: str, percentile: float = 99.99, bins: int = 2048) -> QuantParams:
+    """Observe ``batches`` on the (folded) ``graph`` and compute every quantized op's parameters."""
+    cal = Calibrater(graph, bins)
+    cal.collect(batches)
+    return quantize(graph, cal.ranges(method, percentile), method, cal.observers)

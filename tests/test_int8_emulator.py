@@ -1,0 +1,134 @@
+"""The INT8 emulator against the independent NumPy reference of the Ascend scheme, bit for bit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ascend_reference as ref
+import nets
+from quantflow.engine.float_runner import float_runner
+from quantflow.engine.int8_emulator import Emulator
+from quantflow.frontends.mindir import read_mindir
+from quantflow.quantization.calibrater import calibrate
+from quantflow.errors import UnsupportedNetworkError
+from quantflow.ir import Graph, Node, TensorInfo
+from quantflow.quantization import scheme
+from quantflow.quantization.calibrater import Calibrater, quantize
+from quantflow.quantization.passes import fold_for_quantization
+from quantflow.quantization.qparams import QuantizedOp, QuantParams
+
+
+@pytest.fixture(scope="module")
+def residual(tmp_path_factory):
+    path = nets.export(nets.ResidualNet(), tmp_path_factory.mktemp("res") / "res.mindir")
+    graph = read_mindir(path)
+    folded = fold_for_quantization(graph)
+    rng = np.random.default_rng(1)
+    calib = rng.normal(size=(32, 3, 16, 16)).astype(np.float32)
+    qp = calibrate(folded, [calib[:16], calib[16:]], "minmax")
+    return graph, folded, qp
+
+
+def reference_forward(x16: np.ndarray, qp) -> np.ndarray:
+    """ResidualNet by hand: its layers, pads and fused activations as written in tests/nets.py."""
+    c1, dw, pw, fc = qp.ops
+    same3 = {"strides": (1, 1), "pads": (1, 1, 1, 1), "dilations": (1, 1)}
+    y1 = ref.relu(ref.quantized_conv(x16, c1, {**same3, "group": 1}))
+    y2 = ref.relu6(ref.quantized_conv(y1, dw, {**same3, "group": 8}))
+    y3 = ref.quantized_conv(y2, pw, {"strides": (1, 1), "pads": (0, 0, 0, 0), "dilations": (1, 1), "group": 1})
+    y4 = ref.add(y1, y3)
+    y6 = ref.mean_hw(ref.max_pool(y4, (2, 2), (2, 2), (0, 0, 0, 0)))
+    return ref.quantized_dense(y6.reshape(len(y6), -1), fc, transpose_b=True)
+
+
+def test_quantized_ops_are_the_convolutions_and_the_dense(residual):
+    _, folded, qp = residual
+    assert [q.op for q in qp.ops] == ["Conv2D", "Conv2D", "Conv2D", "MatMul"]
+    assert [q.relu for q in qp.ops] == [True, False, False, False]   # ReLU6 is not AscendDequant's relu_flag
+    assert "BatchNorm" not in folded.op_counts()
+    for q in qp.ops:
+        assert q.weight.dtype == np.int8 and np.abs(q.weight).max() == 127
+        assert q.bias.dtype == np.int32 and q.deq_scale.dtype == np.float32
+        assert -128 <= q.offset_d <= 127 and q.node and q.scope.startswith("Default/")
+        np.testing.assert_array_equal(q.deq_scale, (q.scale_d * q.scale_w).astype(np.float32))
+
+
+def test_emulation_is_bit_exact_against_the_reference(residual):
+    _, folded, qp = residual
+    x16 = np.random.default_rng(2).normal(size=(24, 3, 16, 16)).astype(np.float16)
+    got = Emulator(folded, qp).logits(x16)
+    want = reference_forward(x16, qp).astype(np.float32)
+    assert got.dtype == np.float32 and np.all(got.astype(np.float16) == got)  # float16 values
+    np.testing.assert_array_equal(got, want)
+
+
+def test_emulation_tracks_fp32(residual):
+    graph, folded, qp = residual
+    x = np.random.default_rng(3).normal(size=(32, 3, 16, 16)).astype(np.float32)
+    fp = float_runner(graph).run(x)[graph.outputs[0]]
+    q = Emulator(folded, qp).logits(x.astype(np.float16))
+    assert np.abs(fp - q).max() < 0.05 * np.abs(fp).max()
+    assert np.abs(fp - q).max() > 0  # it is a quantized result, not the float one
+
+
+def single_conv(weight: np.ndarray, pads=(0, 0, 0, 0)) -> Graph:
+    """An IR graph holding one Conv2D (N=4, stride 1), built directly."""
+    o, c, kh, kw = weight.shape
+    h = 6
+    oh, ow = h + pads[0] + pads[2] - kh + 1, h + pads[1] + pads[3] - kw + 1
+    node = Node("conv", "Conv2D", ["x", "w"], ["y"], {"pads": list(pads), "strides": [1, 1], "dilations": [1, 1],
+                                                      "group": 1}, scope="Default/conv")
+    return Graph([node], ["x"], ["y"], {"w": weight.astype(np.float32)},
+                 {"x": TensorInfo((4, c, h, h)), "y": TensorInfo((4, o, oh, ow))})
+
+
+def test_quant_rounds_half_to_even_and_saturates():
+    graph = single_conv(np.ones((1, 1, 1, 1)))
+    q = QuantizedOp("conv", "Default/conv", "Conv2D", "x", 1.0, 0, np.ones(1), 0, np.ones((1, 1, 1, 1), np.int8),
+                    np.zeros(1, np.int32), np.ones(1, np.float32))
+    x = np.zeros((4, 1, 6, 6), np.float16)
+    x[0, 0, 0, :6] = [2.5, 3.5, -2.5, -3.5, 1000.0, -1000.0]
+    y = Emulator(graph, QuantParams("minmax", [q])).logits(x)
+    np.testing.assert_array_equal(y[0, 0, 0, :6], [2, 4, -2, -4, 127, -128])
+
+
+def test_large_layers_split_the_accumulation_and_stay_exact():
+    # 256 input channels of +-127 weights: sum|w_q| * 255 exceeds 2**24, so the emulator splits the input
+    rng = np.random.default_rng(4)
+    w = np.sign(rng.normal(size=(4, 256, 3, 3))) * rng.uniform(0.9, 1.0, (4, 256, 3, 3))
+    graph = single_conv(w, pads=(1, 1, 1, 1))
+    x = rng.normal(size=(64, 3, 6, 6)).astype(np.float32)  # calibration data for the 256-channel input
+    x = np.repeat(x, 86, axis=1)[:, :256]
+    qp = quantize(graph, {"x": (float(x.min()), float(x.max()))}, "minmax")
+    q = qp.ops[0]
+    assert np.abs(q.weight.astype(np.int64)).sum(axis=(1, 2, 3)).max() * 255 > 2 ** 24
+    x16 = x[:4].astype(np.float16)
+    got = Emulator(graph, qp).logits(x16)
+    want = ref.quantized_conv(x16, q, {"strides": (1, 1), "pads": (1, 1, 1, 1), "dilations": (1, 1), "group": 1})
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
+def test_bias_beyond_int32_names_the_layer():
+    with pytest.raises(UnsupportedNetworkError, match="layer Default/fc: bias of output channel 1"):
+        scheme.quantize_bias(np.array([0.0, 1e6]), 1e-3, np.array([1e-4, 1e-4]), "Default/fc")
+
+
+def test_activation_parameters_cover_zero_and_map_the_range():
+    s, off = scheme.act_qparams(0.0, 2.55)
+    assert off == -128 and s == pytest.approx(0.01)
+    s, off = scheme.act_qparams(-1.0, 1.0)
+    assert s == pytest.approx(2 / 255) and off == 0
+    s, off = scheme.act_qparams(0.5, 1.0)   # widened to hold 0
+    assert off == -128 and s == pytest.approx(1 / 255)
+    assert scheme.act_qparams(0.0, 0.0)[0] == scheme.MIN_SCALE_D
+
+
+def test_ops_reading_one_tensor_share_its_observer(tmp_path):
+    graph = fold_for_quantization(read_mindir(nets.export(nets.DenseNetStyle(), tmp_path / "d.mindir")))
+    cal = Calibrater(graph)
+    assert len(cal.tensors) == len(set(n.inputs[0] for n in cal.nodes)) <= len(cal.nodes)
+    x = np.random.default_rng(5).normal(size=(8, 3, 16, 16)).astype(np.float32)
+    cal.collect([x])
+    assert cal.images == 16  # two passes
+    for t, (lo, hi) in cal.ranges("minmax").items():
+        assert lo <= hi and cal.observers[t].count > 0

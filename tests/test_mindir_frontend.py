@@ -1,0 +1,87 @@
+"""MindIR -> graph IR: zoo-style graphs read, plumbing resolved, float output equal to MindSpore's."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import mindspore as ms
+
+import nets
+from quantflow.engine.float_runner import float_runner
+from quantflow.errors import UnsupportedNetworkError
+from quantflow.frontends.mindir import read_mindir
+from quantflow.pipeline.stages import verify_graph
+from quantflow.quantization.passes import fold_for_quantization
+
+PLUMBING = {"Load", "Depend", "UpdateState", "MakeTuple", "TupleGetItem", "Constant"}
+STYLES = {
+    "ResNetStyle": {"Conv2D", "BatchNorm", "Add", "MaxPool", "AdaptiveAvgPool2D", "Flatten", "MatMul"},
+    "MobileNetV3Style": {"HSwish", "HSigmoid", "ReduceMean", "Mul", "Add"},
+    "DenseNetStyle": {"Concat", "AvgPool", "BatchNorm", "ReLU"},
+    "ShuffleNetStyle": {"StridedSlice", "Transpose", "Reshape", "Split", "Concat"},
+    "OpZoo": {"SiLU", "GeLU", "Sigmoid", "Softmax", "LayerNorm", "Sub", "Divs", "Pad", "ResizeNearestNeighbor",
+              "Unstack", "Transpose", "BroadcastTo", "BatchMatMul", "AvgPool"},
+}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mindir")
+    out = {}
+    for name in STYLES:
+        net = getattr(nets, name)()
+        out[name] = (net, nets.export(net, root / f"{name}.mindir"))
+    return out
+
+
+@pytest.mark.parametrize("name", list(STYLES))
+def test_ir_output_equals_mindspore(exported, name):
+    net, path = exported[name]
+    graph = read_mindir(path)
+    ops = set(graph.op_counts())
+    assert STYLES[name] <= ops and not ops & PLUMBING
+    x = np.random.default_rng(0).normal(size=(6, 3, 16, 16)).astype(np.float32)
+    got = float_runner(graph).run(x)[graph.outputs[0]]
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    want = np.concatenate([net(ms.Tensor(x[i:i + 2])).asnumpy() for i in range(0, 6, 2)])
+    assert got.shape == want.shape == (6, 10)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    folded = fold_for_quantization(graph)
+    assert folded.op_counts().get("BatchNorm", 0) < graph.op_counts().get("BatchNorm", 1) or "BatchNorm" not in ops
+    np.testing.assert_allclose(float_runner(folded).run(x)[folded.outputs[0]], want, rtol=1e-4,
+                               atol=1e-4 * np.abs(want).max())
+
+
+def test_nodes_keep_their_mindir_names_and_attributes(exported):
+    graph = read_mindir(exported["ResNetStyle"][1])
+    convs = [n for n in graph.nodes if n.op == "Conv2D"]
+    assert convs[0].scope.startswith("Default/stem") and ":" in convs[0].name
+    assert convs[0].attrs["strides"] == [2, 2] and convs[0].attrs["pads"] == [1, 1, 1, 1]
+    pool = next(n for n in graph.nodes if n.op == "MaxPool")
+    assert pool.attrs["kernel"] == [3, 3] and pool.attrs["pads"] == [0, 0, 1, 1]   # 'same' on 8x8, stride 2
+    assert all(graph.initializers[n.inputs[1]].dtype == np.float32 for n in convs)
+
+
+def test_unsupported_op_names_type_and_node(tmp_path):
+    path = nets.export(nets.Unsupported(), tmp_path / "u.mindir")
+    with pytest.raises(UnsupportedNetworkError, match=r"unsupported op 'Cos' at node .*Default/Cos-op0"):
+        read_mindir(path)
+
+
+def test_unreadable_file(tmp_path):
+    bad = tmp_path / "bad.mindir"
+    bad.write_bytes(b"\x00not a protobuf" * 10)
+    with pytest.raises(UnsupportedNetworkError, match="bad.mindir"):
+        read_mindir(bad)
+    with pytest.raises(UnsupportedNetworkError, match="not found"):
+        read_mindir(tmp_path / "missing.mindir")
+
+
+def test_verify_catches_an_ir_that_differs_from_mindspore(exported):
+    _, path = exported["ResNetStyle"]
+    graph = read_mindir(path)
+    x = np.random.default_rng(1).normal(size=(2, 3, 16, 16)).astype(np.float32)
+    assert verify_graph(graph, path, x, 1e-3)["relative_diff"] < 1e-5
+    w = next(n for n in graph.nodes if n.op == "Conv2D").inputs[1]
+    graph.initializers[w] = graph.initializers[w] * 1.1
+    with pytest.raises(UnsupportedNetworkError, match="does not compute what MindSpore computes"):
+        verify_graph(graph, path, x, 1e-3)
