@@ -132,3 +132,18 @@ def test_ops_reading_one_tensor_share_its_observer(tmp_path):
     assert cal.images == 16  # two passes
     for t, (lo, hi) in cal.ranges("minmax").items():
         assert lo <= hi and cal.observers[t].count > 0
+
+
+@pytest.mark.parametrize("name", ["ResNetStyle", "MobileNetV3Style", "DenseNetStyle", "ShuffleNetStyle", "OpZoo"])
+def test_every_style_quantizes_and_emulates_close_to_fp32(tmp_path, name):
+    graph = read_mindir(nets.export(getattr(nets, name)(), tmp_path / f"{name}.mindir"))
+    folded = fold_for_quantization(graph)
+    rng = np.random.default_rng(6)
+    calib = rng.normal(size=(32, 3, 16, 16)).astype(np.float32)
+    qp = calibrate(folded, [calib], "minmax")
+    assert len(qp.ops) == sum(1 for n in folded.nodes if n.op in ("Conv2D", "MatMul"))
+    x = rng.normal(size=(16, 3, 16, 16)).astype(np.float32)
+    fp = float_runner(graph).run(x)[graph.outputs[0]]
+    q = Emulator(folded, qp).logits(x.astype(np.float16))
+    err = np.abs(fp - q).max() / np.abs(fp).max()
+    assert 0 < err < 0.1, err

@@ -22,6 +22,7 @@ import numpy as np
 ARCHS = {  # the architectures quantflow is tried on, and the smallest input each takes here
     "resnet18": 64, "mobilenet_v2_100": 64, "mobilenet_v3_small_100": 64, "efficientnet_b0": 64,
     "densenet121": 64, "inception_v3": 96, "shufflenet_v2_x1_0": 64, "regnet_x_200mf": 64, "convnext_tiny": 64,
+    "vit_b_32_224": 224,
 }
 
 TOML = """# quantflow project for mindcv {arch} (random weights; see quantflow/demo/zoo.py)

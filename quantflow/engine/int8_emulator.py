@@ -93,8 +93,12 @@ def _quantized(b: OnnxBuilder, graph: Graph, node: Node, q: QuantizedOp) -> None
 def _float16_node(b: OnnxBuilder, graph: Graph, node: Node) -> None:
     sub = copy.copy(node)
     sub.outputs = [b.fresh("f32") for _ in node.outputs]
+    first = len(b.nodes)
     get_op(node.op, node.name).to_onnx(sub, b)
+    produced = {o for n in b.nodes[first:] for o in n.output}
     for tmp, out in zip(sub.outputs, node.outputs):
+        if tmp not in produced:  # an output the network does not use (BatchNorm's batch statistics)
+            continue
         if graph.tensors[out].dtype == "float32":
             round16(b, tmp, out)
         else:

@@ -1,0 +1,38 @@
+"""mindcv model-zoo networks (random weights) through the whole doit graph, read from model.mindir."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, clean_env, run_doit, task_lines
+
+pytest.importorskip("mindcv")
+
+
+@pytest.mark.parametrize("arch,expect", [
+    ("resnet18", {"InplaceAddExt", "MaxPool", "Conv2D"}),
+    ("mobilenet_v3_small_100", {"HSwish", "HSigmoid", "Mul", "Conv2D"}),
+])
+def test_zoo_network_runs_through_doit(tmp_path, arch, expect):
+    from quantflow.demo.zoo import build_project
+
+    toml = build_project(arch, tmp_path / arch, size=64, calib_per_class=2, eval_per_class=2, verify_images=2,
+                         data_root=REPO)
+    shutil.copy2(REPO / "dodo.py", tmp_path / arch / "dodo.py")
+    shutil.copytree(REPO / "tasks", tmp_path / arch / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
+    proc = run_doit(tmp_path / arch, f"config={toml}", env=clean_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    status = task_lines(proc.stdout)
+    assert all(status[t] == "ran" for t in ("graph", "calibrate", "gate", "summary"))
+    latest = json.loads((tmp_path / arch / "build" / "latest.json").read_text())
+    kdir = Path(latest["artifacts"])
+    graph = json.loads((kdir / "graph.json").read_text())
+    assert expect <= set(graph["ops"]) and graph["verify"]["relative_diff"] < 1e-4
+    qparams = json.loads((kdir / "qparams.json").read_text())
+    assert len(qparams["ops"]) == graph["ops"]["Conv2D"] + graph["ops"].get("MatMul", 0)
+    report = json.loads((kdir / "accuracy_report.json").read_text())
+    assert report["images"] == 20 and report["relative_logit_error"] < 0.2
+    assert "SKIPPED atc conversion" in proc.stdout
