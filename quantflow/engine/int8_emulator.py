@@ -45,7 +45,13 @@ def _channel_shape(q: QuantizedOp, rank: int) -> list[int]:
 
 
 def _ascend_quant(b: OnnxBuilder, x: str, q: QuantizedOp) -> str:
-    """AscendQuant in float16 with round mode "Round", then the zero point taken off: q - offset_d."""
+    """AscendQuant in float16 with round mode "Round", then the zero point taken off: q - offset_d.
+
+    TBE ascend_quant.py (ascend_quant_compute): cast to float16, tbe.vmuls by the float16 scale,
+    tbe.vadds of the offset, tbe.round, cast_to int8.  The vector unit's float -> integer
+    conversion rounds half to even and saturates (Ascend C asc_mul_cast_half2uint8: "RINT");
+    ONNX Round is half to even too.
+    """
     inv = b.const(np.float32(np.float16(1.0 / q.scale_d)), "quant_scale")
     off = b.const(np.float32(np.float16(q.offset_d)), "quant_offset")
     t = round16(b, b.add("Add", [round16(b, b.add("Mul", [x, inv])), off]))

@@ -192,8 +192,9 @@ class _Reader:
         return self.tensors[name].shape
 
     def add_constant(self, name: str, value) -> str:
+        # a constant used as a tensor operand (x * 2, x / 4.0) joins float32 arithmetic
         arr = np.asarray(value)
-        if arr.dtype == np.float64:
+        if arr.dtype != np.float32:
             arr = arr.astype(np.float32)
         self.initializers[name] = arr
         return name

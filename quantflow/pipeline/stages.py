@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import AccuracyGateError, AtcError, UnsupportedNetworkError
+from ..errors import AccuracyGateError, AtcError, ConfigError, UnsupportedNetworkError
 from ..images import ImageBatches
 
 
@@ -84,6 +84,8 @@ def graph_stage(cfg, kdir: Path, calibration_paths: list[Path]) -> dict:
 
     kdir = Path(kdir)
     if cfg.model.mindir:
+        if not cfg.path(cfg.model.mindir).is_file():
+            raise ConfigError(f"model.mindir: file not found: {cfg.path(cfg.model.mindir)}")
         source = f"model.mindir {cfg.path(cfg.model.mindir)}"
     else:
         export_mindir(build_network(cfg), cfg.model.input_shape, kdir / "model.mindir")

@@ -82,6 +82,7 @@ class QuantParams:
                 f"{'scale_w min..max':>22}"]
         for q in self.ops:
             lo, hi = q.stats.get("lo", float("nan")), q.stats.get("hi", float("nan"))
-            rows.append(f"{q.scope[-48:]:<48} {q.op:<7} {q.scale_d:>10.5g} {q.offset_d:>8d} {lo:>10.4f} {hi:>10.4f} "
+            layer = q.scope.removeprefix("Default/")
+            rows.append(f"{layer[-48:]:<48} {q.op:<7} {q.scale_d:>10.5g} {q.offset_d:>8d} {lo:>10.4f} {hi:>10.4f} "
                         f"{q.scale_w.min():>10.3g}..{q.scale_w.max():<10.3g}")
         return "\n".join(rows)

@@ -1,0 +1,27 @@
+"""The second shipped demo: a residual MobileNetV2-style network, trained, quantized and gated by doit."""
+import json
+import shutil
+from pathlib import Path
+
+from conftest import REPO, copy_project, run_doit, task_lines
+
+
+def test_mobilenet_demo_trains_and_passes_the_gate(tmp_path):
+    project = copy_project(tmp_path / "p")
+    example = project / "examples" / "mobilenet_v2"
+    example.mkdir(parents=True)
+    shutil.copy2(REPO / "examples" / "mobilenet_v2" / "quantflow.toml", example / "quantflow.toml")
+    proc = run_doit(project, "config=examples/mobilenet_v2/quantflow.toml")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert task_lines(proc.stdout)["train"] == "ran"
+    latest = json.loads((example / "build" / "latest.json").read_text())
+    kdir = Path(latest["artifacts"])
+    graph = json.loads((kdir / "graph.json").read_text())
+    assert graph["ops"]["Add"] == 3 and graph["ops"]["ReLU6"] >= 10  # residual adds, ReLU6 activations
+    qparams = json.loads((kdir / "qparams.json").read_text())["ops"]
+    depthwise = [q for q in qparams if q["op"] == "Conv2D" and q["weight_shape"][1] == 1]
+    assert len(depthwise) == 5 and len(qparams) == 18
+    metrics = json.loads((example / "build" / "demo" / "digits_mbv2.metrics.json").read_text())
+    gate = latest["gate"]
+    assert gate["passed"] and gate["fp32_top1"] == metrics["heldout_top1"] >= 0.97  # the stated accuracy
+    assert gate["fp32_top1"] - gate["int8_top1"] <= 0.01
