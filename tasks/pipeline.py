@@ -128,6 +128,9 @@ def do_graph():
     print(f"graph IR of {info['mindir']} ({info['source']}): {info['nodes']} nodes ({ops})")
     print(f"IR float output matches MindSpore on {v['images']} calibration images: largest |diff| "
           f"{v['max_abs_diff']:.2e} (relative {v['relative_diff']:.2e}, tolerance {v['tolerance']:g})")
+    if info["float16_assumed_ops"]:
+        print(f"note: the INT8 emulation models {', '.join(info['float16_assumed_ops'])} as float32 math rounded to "
+              f"float16; the device's own float16 kernels may differ in the last bit")
     cache.mark_done(kdir, "graph")
 
 

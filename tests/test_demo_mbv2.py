@@ -18,6 +18,7 @@ def test_mobilenet_demo_trains_and_passes_the_gate(tmp_path):
     kdir = Path(latest["artifacts"])
     graph = json.loads((kdir / "graph.json").read_text())
     assert graph["ops"]["Add"] == 3 and graph["ops"]["ReLU6"] >= 10  # residual adds, ReLU6 activations
+    assert graph["float16_assumed_ops"] == ["ReduceMean"]  # the global average pool
     qparams = json.loads((kdir / "qparams.json").read_text())["ops"]
     depthwise = [q for q in qparams if q["op"] == "Conv2D" and q["weight_shape"][1] == 1]
     assert len(depthwise) == 5 and len(qparams) == 18

@@ -29,6 +29,7 @@ def test_first_run_executes_every_stage(built_demo):
     assert s["om"] is None and s["air"] is None and s["atc"].startswith("skipped: ")
     graph = json.loads((kdir / "graph.json").read_text())
     assert graph["ops"]["Conv2D"] == 2 and graph["verify"]["relative_diff"] < 1e-3
+    assert graph["float16_assumed_ops"] == []  # BatchNorm folded; the rest is exact in float16
     qparams = json.loads((kdir / "qparams.json").read_text())
     assert [q["op"] for q in qparams["ops"]] == ["Conv2D", "Conv2D", "MatMul", "MatMul"]
     assert s["gate"]["passed"] is True

@@ -47,10 +47,13 @@ def _channel_shape(q: QuantizedOp, rank: int) -> list[int]:
 def _ascend_quant(b: OnnxBuilder, x: str, q: QuantizedOp) -> str:
     """AscendQuant in float16 with round mode "Round", then the zero point taken off: q - offset_d.
 
-    TBE ascend_quant.py (ascend_quant_compute): cast to float16, tbe.vmuls by the float16 scale,
-    tbe.vadds of the offset, tbe.round, cast_to int8.  The vector unit's float -> integer
-    conversion rounds half to even and saturates (Ascend C asc_mul_cast_half2uint8: "RINT");
-    ONNX Round is half to even too.
+    TBE ascend_quant.py (ascend_quant_compute -> _compute_scale / _compute_offset, CANN 8.1.RC1):
+    cast to float16, multiply by tvm.const(scale, "float16"), add the float16 offset, cast to int8
+    with the "Round" mode; op_proto quantize_ops.h documents "Round" as "round to nearest, tie to
+    even (c language rint)", and the conversion saturates to [-128, 127] (Ascend C
+    precision_conversion.md).  ONNX Round is half to even too.  The cube subtracts the offset
+    itself on Ascend310P (conv_compute.py: sum((fmap - offset_x) * weight) on v200 SoCs), so the
+    bias needs no offset correction.
     """
     inv = b.const(np.float32(np.float16(1.0 / q.scale_d)), "quant_scale")
     off = b.const(np.float32(np.float16(q.offset_d)), "quant_offset")

@@ -89,10 +89,10 @@ def decode_attr(a):
         return a.s.decode() if isinstance(a.s, bytes) else a.s
     if t in (T.TUPLE, T.LIST):
         return tuple(decode_attr(v) for v in a.values)
-    if t == T.TENSORS and len(a.tensors) == 1:
+    if t == T.TENSOR:
+        return decode_tensor(a.t)
+    if t == T.TENSORS and len(a.tensors):
         return decode_tensor(a.tensors[0])
-    if t == T.TENSOR or (t == T.TENSORS and a.tensors):
-        return decode_tensor(a.t if t == T.TENSOR else a.tensors[0])
     if t in (T.UMONAD, T.IOMONAD):
         return _MONAD
     if t == T.NONE:

@@ -101,8 +101,12 @@ def graph_stage(cfg, kdir: Path, calibration_paths: list[Path]) -> dict:
     check = verify_graph(graph, mindir, x, cfg.model.verify_tolerance)
     import onnx
     onnx.save(to_onnx(graph), str(kdir / "graph.onnx"))
+    from ..ops import get as get_op
+    from ..quantization.passes import fold_for_quantization
+    approximate = sorted(op for op in fold_for_quantization(graph).op_counts() if not get_op(op).exact_in_fp16)
     info = {"source": source, "mindir": str(mindir), "nodes": len(graph.nodes), "ops": graph.op_counts(),
-            "parameters": int(sum(v.size for v in graph.initializers.values())), "verify": check}
+            "parameters": int(sum(v.size for v in graph.initializers.values())), "verify": check,
+            "float16_assumed_ops": approximate}
     write_json(kdir / "graph.json", info)
     return info
 
