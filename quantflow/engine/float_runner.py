@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from ..errors import UnsupportedNetworkError
 from ..ir import Graph
 from ..ops import get as get_op
 from .onnx_builder import OnnxBuilder
@@ -30,15 +31,13 @@ def to_onnx(graph: Graph, extra_outputs: list[str] = ()) -> onnx.ModelProto:
                    [(o, graph.tensors[o].dtype if o in graph.tensors else "float32") for o in outs])
 
 
-def session(model: onnx.ModelProto, optimize: bool = True, threads: int = 0):
+def session(model: onnx.ModelProto, optimize: bool = True):
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
                                      else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     opts.log_severity_level = 3
-    if threads:
-        opts.intra_op_num_threads = threads
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
@@ -67,6 +66,7 @@ class Runner:
 
 def float_runner(graph: Graph, extra_outputs: list[str] = ()) -> Runner:
     if len(graph.inputs) != 1:
-        raise ValueError(f"graph {graph.name} has {len(graph.inputs)} inputs; quantflow runs single-input networks")
+        raise UnsupportedNetworkError(f"network {graph.name} has {len(graph.inputs)} inputs "
+                                      f"({', '.join(graph.inputs)}); quantflow runs single-input networks")
     inp = graph.inputs[0]
     return Runner(to_onnx(graph, extra_outputs), inp, graph.tensors[inp].shape[0])
