@@ -137,15 +137,15 @@ class BuildSection(_Section):
     ] = "allow_fp32_to_fp16"
     atc_timeout_s: int = Field(default=1800, gt=0)
     require_om: bool = Field(default=False, description="fail (instead of skipping) when no .om can be built")
-    atc_model: Literal["fp32", "int8sim"] = Field(
-        default="fp32", description="which exported AIR atc converts (fp32: the FP32 network)")
+    atc_model: Literal["int8", "fp32", "int8sim"] = Field(
+        default="int8", description="what atc converts: the INT8 deploy graph, or the FP32 network")
 
     @field_validator("atc_model")
     @classmethod
     def _atc_model(cls, v):
         if v == "int8sim":
             raise ValueError("'int8sim' (the fake-quant MindSpore network of the earlier integer scheme) is no "
-                             "longer built: the Ascend INT8 scheme's deploy graph replaces it; use 'fp32'")
+                             "longer built: the Ascend INT8 deploy graph replaces it; use 'int8' (default) or 'fp32'")
         return v
 
     @field_validator("soc_version")

@@ -150,7 +150,9 @@ def do_export():
 
     _, kdir = current_key()
     st = export_stage(cfg(), kdir)
-    print(f"exported FP32 MindIR -> {kdir / st['mindir']}")
+    print(f"exported INT8 deploy graph ({st['int8_ops']} AscendQuant/AscendDequant pairs) -> {kdir / st['deploy_onnx']}, "
+          f"AMCT record -> {kdir / st['record']}")
+    print(f"exported FP32 MindIR -> {kdir / st['mindir']}, FP32 ONNX -> {kdir / st['fp32_onnx']}")
     if st["air"]:
         print(f"exported FP32 AIR -> {kdir / st['air']}")
     else:
@@ -213,6 +215,7 @@ def _summary() -> dict:
     rel = lambda name: str(kdir / name) if name else None  # noqa: E731
     return {"key": key, "artifacts": str(kdir), "qparams": rel("qparams.json"),
             "mindir": rel(export["mindir"]), "air": rel(export["air"]), "graph_onnx": rel("graph.onnx"),
+            "deploy_onnx": rel(export["deploy_onnx"]), "record": rel(export["record"]),
             "aipp_config": rel("aipp.cfg"), "om": rel(atc.get("om")),
             "atc": atc["status"] if atc["status"] != "skipped" else f"skipped: {atc['reason']}",
             "gate": {k: gate[k] for k in ("passed", "fp32_top1", "int8_top1", "drop", "threshold")},
@@ -223,7 +226,8 @@ def do_summary():
     s = _summary()
     _write_json(cfg().out / "latest.json", s)
     print(f"artifacts ({s['key']}): {s['artifacts']}")
-    for k in ("qparams", "mindir", "graph_onnx", "air", "aipp_config", "om", "accuracy_report"):
+    for k in ("qparams", "deploy_onnx", "record", "mindir", "graph_onnx", "air", "aipp_config", "om",
+              "accuracy_report"):
         print(f"  {k:<16} {s[k] or '-'}")
     print(f"  {'atc':<16} {s['atc']}")
     g = s["gate"]
@@ -303,8 +307,9 @@ def task_calibrate():
 
 @create_after(executed="sample")
 def task_export():
-    """Stage 3b: FP32 MindIR always, AIR when the Ascend backend is available."""
-    return _keyed("export", do_export, ["export.json", "model.mindir"], ["graph"], task_export.__doc__)
+    """Stage 3b: the INT8 deploy graph (ONNX) and AMCT record; FP32 MindIR, AIR when the Ascend backend is available."""
+    return _keyed("export", do_export, ["export.json", "model.mindir", "deploy.onnx", "record.txt"], ["calibrate"],
+                  task_export.__doc__)
 
 
 @create_after(executed="sample")

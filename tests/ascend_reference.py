@@ -13,8 +13,9 @@ F16, F32 = np.float16, np.float32
 
 
 def ascend_quant(x16: np.ndarray, scale_d: float, offset_d: int) -> np.ndarray:
-    """AscendQuant: fp16 multiply by fp16(1/scale_d), fp16 add of offset, round half to even, saturate."""
-    t = (x16.astype(F16) * F16(1.0 / scale_d)).astype(F16)
+    """AscendQuant: fp16 multiply by the float32 attribute 1/scale_d taken as fp16, fp16 add of the offset,
+    round half to even, saturate."""
+    t = (x16.astype(F16) * F16(F32(1.0 / scale_d))).astype(F16)
     t = (t + F16(offset_d)).astype(F16)
     return np.clip(np.rint(t.astype(np.float64)), -128, 127).astype(np.int64)
 

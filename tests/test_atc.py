@@ -31,6 +31,10 @@ if opts.get("soc_version") != "Ascend310P3" or mode == "fail":
     print("E10001: Value [%s] for parameter [--soc_version] is invalid. Reason: not supported." % opts.get("soc_version"))
     print("ATC run failed, Please check the detail log, Try 'atc --help' for more information", file=sys.stderr)
     sys.exit(1)
+model, framework = opts.get("model", ""), opts.get("framework")
+if not os.path.isfile(model) or {{"1": ".air", "5": ".onnx"}}.get(framework) != os.path.splitext(model)[1]:
+    print("E10001: Value [%s] for parameter [--model] is invalid with --framework=%s." % (model, framework))
+    sys.exit(1)
 if mode != "no_output":
     open(opts["output"] + ".om", "wb").write(b"OM-bytes")
 print("ATC run success, welcome to the next use.")
@@ -41,6 +45,7 @@ print("ATC run success, welcome to the next use.")
 def fake_atc(tmp_path, monkeypatch):
     bindir = tmp_path / "bin"
     bindir.mkdir()
+    (tmp_path / "m.air").write_bytes(b"AIR model")  # the model the direct command-line tests convert
     exe = bindir / "atc"
     exe.write_text(FAKE_ATC)
     exe.chmod(0o755)
@@ -64,17 +69,21 @@ def test_find_atc_on_path_and_in_toolkit_home(tmp_path):
 
 
 def test_command_line_is_exact(tmp_path):
-    cmd = atc_command(Path("/opt/atc"), tmp_path / "model.air", tmp_path / "model", "Ascend310P3",
+    cmd = atc_command(Path("/opt/atc"), tmp_path / "model.air", 1, tmp_path / "model", "Ascend310P3",
                       tmp_path / "aipp.cfg", "allow_fp32_to_fp16", "x", (1, 3, 32, 32))
     assert cmd == ["/opt/atc", f"--model={tmp_path}/model.air", "--framework=1", f"--output={tmp_path}/model",
                    "--soc_version=Ascend310P3", f"--insert_op_conf={tmp_path}/aipp.cfg",
                    "--precision_mode=allow_fp32_to_fp16", "--input_shape=x:1,3,32,32"]
+    onnx_cmd = atc_command(Path("/opt/atc"), tmp_path / "deploy.onnx", 5, tmp_path / "model", "Ascend310P3",
+                           None, "force_fp16", "input", (4, 1, 28, 28))
+    assert onnx_cmd == ["/opt/atc", f"--model={tmp_path}/deploy.onnx", "--framework=5", f"--output={tmp_path}/model",
+                        "--soc_version=Ascend310P3", "--precision_mode=force_fp16", "--input_shape=input:4,1,28,28"]
 
 
 def test_successful_run_writes_the_om(fake_atc, tmp_path):
     exe, log = fake_atc
     out = tmp_path / "out" / "model"
-    cmd = atc_command(find_atc(), tmp_path / "m.air", out, "Ascend310P3", None, "force_fp16", "x", (1, 3, 32, 32))
+    cmd = atc_command(find_atc(), tmp_path / "m.air", 1, out, "Ascend310P3", None, "force_fp16", "x", (1, 3, 32, 32))
     result = run_atc(cmd, out, timeout_s=60)
     assert result["om"] == "model.om" and (out.parent / "model.om").read_bytes() == b"OM-bytes"
     assert "ATC run success" in result["log"]
@@ -83,7 +92,7 @@ def test_successful_run_writes_the_om(fake_atc, tmp_path):
 
 def test_failure_surfaces_atc_own_error_text(fake_atc, tmp_path):
     out = tmp_path / "model"
-    cmd = atc_command(find_atc(), tmp_path / "m.air", out, "Ascend999", None, "force_fp16", "x", (1, 3, 32, 32))
+    cmd = atc_command(find_atc(), tmp_path / "m.air", 1, out, "Ascend999", None, "force_fp16", "x", (1, 3, 32, 32))
     with pytest.raises(AtcError) as e:
         run_atc(cmd, out, timeout_s=60)
     msg = str(e.value)
@@ -95,7 +104,7 @@ def test_failure_surfaces_atc_own_error_text(fake_atc, tmp_path):
 
 def test_exit_zero_without_om_and_timeout(fake_atc, tmp_path, monkeypatch):
     out = tmp_path / "model"
-    cmd = atc_command(find_atc(), tmp_path / "m.air", out, "Ascend310P3", None, "force_fp16", "x", (1, 3, 8, 8))
+    cmd = atc_command(find_atc(), tmp_path / "m.air", 1, out, "Ascend310P3", None, "force_fp16", "x", (1, 3, 8, 8))
     monkeypatch.setenv("FAKE_ATC_MODE", "no_output")
     with pytest.raises(AtcError, match="exited 0 but wrote no"):
         run_atc(cmd, out, timeout_s=60)
@@ -107,10 +116,17 @@ def test_exit_zero_without_om_and_timeout(fake_atc, tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- the pipeline's atc stage
 
 def write_export(kdir, air: bool, reason: str = "no Ascend backend"):
-    if air:
-        (kdir / "model.air").write_bytes(b"AIR model")
-    (kdir / "export.json").write_text(json.dumps({"mindir": "model.mindir", "air": "model.air" if air else None,
-                                                  "air_skipped": None if air else reason}))
+    """An export.json as the export stage writes it (with FP32 and deploy AIRs when ``air``)."""
+    for name in ("deploy.onnx", "graph.onnx") + (("model.air", "deploy.air") if air else ()):
+        (kdir / name).write_bytes(b"model " + name.encode())
+    (kdir / "export.json").write_text(json.dumps({
+        "mindir": "model.mindir", "air": "model.air" if air else None, "air_skipped": None if air else reason,
+        "deploy_air": "deploy.air" if air else None, "fp32_onnx": "graph.onnx", "deploy_onnx": "deploy.onnx"}))
+
+
+def set_build(pipeline, monkeypatch, **build):
+    cfg = pipeline._state["cfg"]
+    monkeypatch.setitem(pipeline._state, "cfg", cfg.model_copy(update={"build": cfg.build.model_copy(update=build)}))
 
 
 @pytest.fixture
@@ -129,16 +145,22 @@ def atc_stage(tmp_path, monkeypatch):
     return pipeline, kdir
 
 
-def test_stage_builds_with_atc_and_air(fake_atc, atc_stage):
+@pytest.mark.parametrize("atc_model,air,model,framework", [
+    ("int8", False, "deploy.onnx", 5), ("int8", True, "deploy.air", 1),
+    ("fp32", False, "graph.onnx", 5), ("fp32", True, "model.air", 1)])
+def test_stage_converts_the_configured_model(fake_atc, atc_stage, monkeypatch, atc_model, air, model, framework):
     pipeline, kdir = atc_stage
     exe, log = fake_atc
-    write_export(kdir, air=True)
+    set_build(pipeline, monkeypatch, atc_model=atc_model)
+    write_export(kdir, air=air)
     assert pipeline.do_atc() is None
     status = json.loads((kdir / "atc.json").read_text())
     assert status["status"] == "built" and status["om"] == "model.om" and (kdir / "model.om").is_file()
+    assert status["input"] == model and status["framework"] == framework
     args = json.loads(log.read_text().splitlines()[0])
-    assert f"--model={kdir / 'model.air'}" in args
-    assert f"--insert_op_conf={kdir / 'aipp.cfg'}" in args and "--soc_version=Ascend310P3" in args
+    assert args == [f"--model={kdir / model}", f"--framework={framework}", f"--output={kdir / 'model'}",
+                    "--soc_version=Ascend310P3", f"--insert_op_conf={kdir / 'aipp.cfg'}",
+                    "--precision_mode=allow_fp32_to_fp16", "--input_shape=x:1,3,32,32"]
     assert pipeline._atc_uptodate()
 
 
@@ -157,12 +179,12 @@ def test_stage_skips_plainly_and_writes_no_om(atc_stage, monkeypatch, capsys):
 
 def test_stage_skip_fails_when_an_om_is_required(atc_stage, monkeypatch):
     pipeline, kdir = atc_stage
-    cfg = pipeline._state["cfg"]
-    monkeypatch.setitem(pipeline._state, "cfg", cfg.model_copy(update={"build": cfg.build.model_copy(
-        update={"require_om": True})}))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
+    set_build(pipeline, monkeypatch, require_om=True)
     write_export(kdir, air=False)
     failed = pipeline.do_atc()
-    assert failed is not None and "require_om" in str(failed) and "no AIR model" in str(failed)
+    assert failed is not None and "require_om" in str(failed) and "atc (CANN toolkit) not found" in str(failed)
 
 
 def test_stage_failure_reports_atc_text(fake_atc, atc_stage, monkeypatch):

@@ -18,12 +18,13 @@ def test_first_run_executes_every_stage(built_demo):
     assert task_lines(proc.stdout) == {t: "ran" for t in ALL}
     out = proc.stdout
     assert "SKIPPED AIR export" in out and "Ascend backend" in out
+    assert "exported INT8 deploy graph (4 AscendQuant/AscendDequant pairs)" in out
     assert "IR float output matches MindSpore on 8 calibration images" in out
     assert "SKIPPED atc conversion for Ascend310P3" in out and "no .om was written" in out
     assert not list((project / "build").rglob("*.om"))
     s = latest(project)
     kdir = Path(s["artifacts"])
-    for name in ["graph.json", "graph.onnx", "qparams.json", "qparams.npz", "model.mindir", "aipp.cfg",
+    for name in ["graph.json", "graph.onnx", "deploy.onnx", "record.txt", "qparams.json", "qparams.npz", "model.mindir", "aipp.cfg",
                  "aipp_check.json", "atc.json", "accuracy_report.json", "accuracy_report.txt", "key_inputs.json"]:
         assert (kdir / name).is_file(), name
     assert s["om"] is None and s["air"] is None and s["atc"].startswith("skipped: ")

@@ -1,9 +1,9 @@
 """Stage 5: the ``atc`` offline-model conversion for an Ascend SoC (default Ascend310P3).
 
 ``atc`` is looked up on PATH, then under $ASCEND_TOOLKIT_HOME.  The command line is built
-exactly (--model, --framework=1, --output, --soc_version, --insert_op_conf,
+exactly (--model, --framework (1 AIR, 5 ONNX), --output, --soc_version, --insert_op_conf,
 --precision_mode, --input_shape); a failure raises ``AtcError`` carrying atc's own error
-text.  Without atc (or without an AIR model) the stage reports a skip and writes no .om.
+text.  Without atc the stage reports a skip and writes no .om.
 """
 from __future__ import annotations
 
@@ -39,9 +39,10 @@ def not_found_reason(env: dict | None = None) -> str:
     return f"atc (CANN toolkit) not found: {where}; install CANN and source its set_env.sh to build the .om"
 
 
-def atc_command(atc: Path, model: Path, output_prefix: Path, soc_version: str, insert_op_conf: Path | None,
-                precision_mode: str, input_name: str, input_shape) -> list[str]:
-    cmd = [str(atc), f"--model={model}", "--framework=1", f"--output={output_prefix}",
+def atc_command(atc: Path, model: Path, framework: int, output_prefix: Path, soc_version: str,
+                insert_op_conf: Path | None, precision_mode: str, input_name: str, input_shape) -> list[str]:
+    """``framework``: 1 for an AIR (MindSpore), 5 for ONNX."""
+    cmd = [str(atc), f"--model={model}", f"--framework={framework}", f"--output={output_prefix}",
            f"--soc_version={soc_version}"]
     if insert_op_conf is not None:
         cmd.append(f"--insert_op_conf={insert_op_conf}")

@@ -20,15 +20,19 @@ def lower_nodes(graph: Graph, b: OnnxBuilder, nodes=None) -> None:
         get_op(node.op, node.name).to_onnx(node, b)
 
 
-def to_onnx(graph: Graph, extra_outputs: list[str] = ()) -> onnx.ModelProto:
-    """The float ONNX model of ``graph``; ``extra_outputs`` are inner tensors to expose (for observers)."""
+def to_onnx(graph: Graph, extra_outputs: list[str] = (), input_name: str | None = None) -> onnx.ModelProto:
+    """The float ONNX model of ``graph``; ``extra_outputs`` are inner tensors to expose (for observers);
+    ``input_name`` renames the graph input (MindIR input names are not valid atc --input_shape names)."""
     b = OnnxBuilder(graph.name)
     for k, v in graph.initializers.items():
         b.initializer(k, v)
+    inp = graph.inputs[0]
+    if input_name:
+        b.add("Identity", [input_name], inp)
     lower_nodes(graph, b)
     outs = list(graph.outputs) + [t for t in extra_outputs if t not in graph.outputs]
-    return b.model([(i, graph.tensors[i].shape, graph.tensors[i].dtype) for i in graph.inputs],
-                   [(o, graph.tensors[o].dtype if o in graph.tensors else "float32") for o in outs])
+    return b.model([(input_name or inp, graph.tensors[inp].shape, graph.tensors[inp].dtype)],
+                   [(o, graph.shape(o), graph.tensors[o].dtype if o in graph.tensors else "float32") for o in outs])
 
 
 def session(model: onnx.ModelProto, optimize: bool = True):

@@ -6,8 +6,9 @@ The emulation is an onnxruntime graph built from the (BatchNorm-folded) IR and t
   AscendQuant   t = fp16(fp16(x * fp16(1/scale_d)) + fp16(offset_d)); q = clip(round(t), -128, 127)
   cube          acc = sum(w_q * (q - offset_d)) + bias_q          (exact integers, int32)
   AscendDequant y = fp16(relu?(float32(acc) * deq_scale[c]))
-- every other op runs on float16 values: its float16-rounded inputs and constants, computed in
-  float32 by its registry lowering, its outputs rounded to float16.
+- every other op runs as the deploy graph lowers it (opset 13, the same registry lowering): each
+  ONNX operation on float16 values and float16-rounded constants, computed in float32, its output
+  rounded to float16.
 
 The cube's integer sums are computed by float32 convolutions, which are exact while every
 partial sum stays below 2**24: ``sum|w_q[c]| * 255 < 2**24`` is checked per layer; a layer
@@ -26,9 +27,10 @@ from onnx import TensorProto
 from ..errors import UnsupportedNetworkError
 from ..ir import Graph, Node
 from ..ops import get as get_op
+from ..quantization import scheme
 from ..quantization.qparams import QuantizedOp, QuantParams
 from .float_runner import Runner
-from .onnx_builder import OnnxBuilder
+from .onnx_builder import DEVICE_OPSET, OnnxBuilder
 
 EXACT_LIMIT = 2 ** 24
 
@@ -55,7 +57,7 @@ def _ascend_quant(b: OnnxBuilder, x: str, q: QuantizedOp) -> str:
     itself on Ascend310P (conv_compute.py: sum((fmap - offset_x) * weight) on v200 SoCs), so the
     bias needs no offset correction.
     """
-    inv = b.const(np.float32(np.float16(1.0 / q.scale_d)), "quant_scale")
+    inv = b.const(np.float32(np.float16(scheme.quant_scale(q.scale_d))), "quant_scale")
     off = b.const(np.float32(np.float16(q.offset_d)), "quant_offset")
     t = round16(b, b.add("Add", [round16(b, b.add("Mul", [x, inv])), off]))
     qv = b.add("Clip", [b.add("Round", [t]), b.const(np.float32(-128), "qmin"), b.const(np.float32(127), "qmax")])
@@ -99,19 +101,18 @@ def _quantized(b: OnnxBuilder, graph: Graph, node: Node, q: QuantizedOp) -> None
     round16(b, y, node.outputs[0])
 
 
-def _float16_node(b: OnnxBuilder, graph: Graph, node: Node) -> None:
-    sub = copy.copy(node)
-    sub.outputs = [b.fresh("f32") for _ in node.outputs]
+def _float16_node(b: OnnxBuilder, node: Node) -> None:
+    """The node's device lowering, every ONNX operation in it on float16 values (rounded after each)."""
     first = len(b.nodes)
-    get_op(node.op, node.name).to_onnx(sub, b)
-    produced = {o for n in b.nodes[first:] for o in n.output}
-    for tmp, out in zip(sub.outputs, node.outputs):
-        if tmp not in produced:  # an output the network does not use (BatchNorm's batch statistics)
-            continue
-        if graph.tensors[out].dtype == "float32":
+    get_op(node.op, node.name).to_onnx(node, b)
+    lowered = b.nodes[first:]
+    del b.nodes[first:]
+    for n in lowered:
+        outs = list(n.output)
+        n.output[:] = [b.fresh("f32") for _ in outs]
+        b.nodes.append(n)
+        for tmp, out in zip(n.output, outs):
             round16(b, tmp, out)
-        else:
-            b.add("Identity", [tmp], out)
 
 
 def emulation_model(graph: Graph, qparams: QuantParams) -> onnx.ModelProto:
@@ -119,7 +120,7 @@ def emulation_model(graph: Graph, qparams: QuantParams) -> onnx.ModelProto:
     missing = [n for n in qmap if not any(x.name == n for x in graph.nodes)]
     if missing:
         raise UnsupportedNetworkError(f"quantization parameters name node(s) not in the graph: {', '.join(missing)}")
-    b = OnnxBuilder(f"{graph.name}_int8_emulation")
+    b = OnnxBuilder(f"{graph.name}_int8_emulation", opset=DEVICE_OPSET)
     float_inits = {i for n in graph.nodes if n.name not in qmap for i in n.inputs if i in graph.initializers}
     for k in float_inits:
         v = graph.initializers[k]
@@ -130,8 +131,8 @@ def emulation_model(graph: Graph, qparams: QuantParams) -> onnx.ModelProto:
         if node.name in qmap:
             _quantized(b, graph, node, qmap[node.name])
         else:
-            _float16_node(b, graph, node)
-    return b.model([("input", graph.tensors[inp].shape, "float32")], [(o, "float32") for o in graph.outputs])
+            _float16_node(b, node)
+    return b.model([("input", graph.tensors[inp].shape, "float32")], [(o, graph.shape(o), "float32") for o in graph.outputs])
 
 
 class Emulator(Runner):

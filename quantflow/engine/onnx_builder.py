@@ -1,7 +1,8 @@
 """A small writer of ONNX graphs: nodes, constants and fresh tensor names.
 
 The op registry lowers every IR op through it; the float engine and the INT8 emulator build
-their onnxruntime graphs with it.  opset 17 (LayerNormalization is the newest op used).
+their onnxruntime graphs with it, at opset 17; the Ascend deploy graph is written at opset 13
+(what atc reads), where the lowerings decompose the newer ops (HardSwish, LayerNormalization).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
+DEVICE_OPSET = 13   # the Ascend deploy graph, and the INT8 emulation that mirrors it op for op
 
 _ONNX_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "float64": TensorProto.DOUBLE,
                "int32": TensorProto.INT32, "int64": TensorProto.INT64, "int8": TensorProto.INT8,
@@ -21,8 +23,8 @@ def onnx_type(dtype: str) -> int:
 
 
 class OnnxBuilder:
-    def __init__(self, name: str = "quantflow"):
-        self.name = name
+    def __init__(self, name: str = "quantflow", opset: int = OPSET):
+        self.name, self.opset = name, opset
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: dict[str, np.ndarray] = {}
         self._count = 0
@@ -50,14 +52,14 @@ class OnnxBuilder:
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=self.fresh(op_type), **attrs))
         return outs[0] if single else outs
 
-    def model(self, inputs: list[tuple[str, tuple, str]], outputs: list[tuple[str, str]]) -> onnx.ModelProto:
-        """``inputs``: (name, shape, dtype); ``outputs``: (name, dtype)."""
+    def model(self, inputs: list[tuple[str, tuple, str]], outputs: list[tuple[str, tuple, str]]) -> onnx.ModelProto:
+        """``inputs`` and ``outputs``: (name, shape, dtype)."""
         graph = helper.make_graph(
             self.nodes, self.name,
             [helper.make_tensor_value_info(n, onnx_type(d), list(s)) for n, s, d in inputs],
-            [helper.make_tensor_value_info(n, onnx_type(d), None) for n, d in outputs],
+            [helper.make_tensor_value_info(n, onnx_type(d), list(s)) for n, s, d in outputs],
             [numpy_helper.from_array(np.ascontiguousarray(v), k) for k, v in self.initializers.items()])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)],
                                   producer_name="quantflow")
         model.ir_version = 8
         return model

@@ -18,6 +18,14 @@ def _relu6_onnx(node, b):
     b.add("Clip", [node.inputs[0], b.const(0.0, "zero"), b.const(6.0, "six")], node.outputs[0])
 
 
+def _hswish_onnx(node, b):
+    if b.opset >= 14:
+        b.add("HardSwish", node.inputs, node.outputs[0])
+    else:  # x * hard_sigmoid(x): the definition of HardSwish, for older opsets
+        b.add("Mul", [node.inputs[0], b.add("HardSigmoid", node.inputs[:1], alpha=1.0 / 6.0, beta=0.5)],
+              node.outputs[0])
+
+
 def _silu_onnx(node, b):
     b.add("Mul", [node.inputs[0], b.add("Sigmoid", node.inputs[:1])], node.outputs[0])
 
@@ -34,7 +42,7 @@ def _gelu_onnx(node, b):
 
 register(OpDef("ReLU", _unary, _simple("Relu")))
 register(OpDef("ReLU6", _unary, _relu6_onnx))
-register(OpDef("HSwish", _unary, _simple("HardSwish"), exact_in_fp16=False))
+register(OpDef("HSwish", _unary, _hswish_onnx, exact_in_fp16=False))
 register(OpDef("HSigmoid", _unary, _simple("HardSigmoid", alpha=1.0 / 6.0, beta=0.5), exact_in_fp16=False))
 register(OpDef("Sigmoid", _unary, _simple("Sigmoid"), exact_in_fp16=False))
 register(OpDef("SiLU", _unary, _silu_onnx, exact_in_fp16=False))

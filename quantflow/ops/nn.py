@@ -125,12 +125,21 @@ def _ln_from_mindir(ctx):
     if axis != paxis:
         ctx.fail(f"LayerNorm with begin_norm_axis {axis} != begin_params_axis {paxis}")
     ctx.only_output(0)
-    return [x, ctx.tensor(1), ctx.tensor(2)], {"axis": axis, "epsilon": float(ctx.get(5, "epsilon", 1e-7))}
+    return [x, ctx.tensor(1), ctx.tensor(2)], {"axis": axis, "rank": rank,
+                                               "epsilon": float(ctx.get(5, "epsilon", 1e-7))}
 
 
 def _ln_onnx(node, b):
-    b.add("LayerNormalization", node.inputs, node.outputs[0], axis=node.attrs["axis"],
-          epsilon=node.attrs["epsilon"])
+    x, gamma, beta = node.inputs
+    axis, eps = node.attrs["axis"], node.attrs["epsilon"]
+    if b.opset >= 17:
+        b.add("LayerNormalization", node.inputs, node.outputs[0], axis=axis, epsilon=eps)
+        return
+    axes = list(range(axis, node.attrs["rank"]))  # older opsets: the definition, step by step
+    d = b.add("Sub", [x, b.add("ReduceMean", [x], axes=axes, keepdims=1)])
+    var = b.add("ReduceMean", [b.add("Mul", [d, d])], axes=axes, keepdims=1)
+    norm = b.add("Div", [d, b.add("Sqrt", [b.add("Add", [var, b.const(np.float32(eps), "eps")])])])
+    b.add("Add", [b.add("Mul", [norm, gamma]), beta], node.outputs[0])
 
 
 register(OpDef("LayerNorm", _ln_from_mindir, _ln_onnx, num_outputs=lambda a: 3, exact_in_fp16=False))

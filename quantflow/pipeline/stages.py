@@ -100,7 +100,7 @@ def graph_stage(cfg, kdir: Path, calibration_paths: list[Path]) -> dict:
     x = next(iter(ImageBatches.for_config(cfg, calibration_paths[:n], n)))
     check = verify_graph(graph, mindir, x, cfg.model.verify_tolerance)
     import onnx
-    onnx.save(to_onnx(graph), str(kdir / "graph.onnx"))
+    onnx.save(to_onnx(graph, input_name=cfg.model.input_name), str(kdir / "graph.onnx"))
     from ..ops import get as get_op
     from ..quantization.passes import fold_for_quantization
     approximate = sorted(op for op in fold_for_quantization(graph).op_counts() if not get_op(op).exact_in_fp16)
@@ -134,17 +134,40 @@ def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path]):
 # ----------------------------------------------------------------------------- export
 
 def export_stage(cfg, kdir: Path) -> dict:
-    from ..backends.export import export_air
+    """FP32: MindIR (and AIR where possible), plus the graph stage's FP32 ONNX.  INT8: the Ascend deploy
+    graph as ONNX (checked by onnx.checker and shape inference) and AMCT's record file."""
+    import onnx
 
+    from ..backends.deploy_onnx import check_deploy, deploy_model, record_text
+    from ..backends.export import export_air
+    from ..quantization.passes import fold_for_quantization
+    from ..quantization.qparams import QuantParams
+
+    kdir = Path(kdir)
     if cfg.model.mindir:
-        shutil.copyfile(cfg.path(cfg.model.mindir), Path(kdir) / "model.mindir")
+        shutil.copyfile(cfg.path(cfg.model.mindir), kdir / "model.mindir")
         status = {"mindir": "model.mindir", "air": None,
                   "air_skipped": "model.mindir was given without model.entry: AIR is exported from the network"}
     else:
         from ..model import build_network
         status = {"mindir": "model.mindir", **export_air(build_network(cfg), cfg.model.input_shape, kdir, "model")}
-    write_json(Path(kdir) / "export.json", status)
+    graph = fold_for_quantization(load_graph(cfg, kdir))
+    qp = QuantParams.load(kdir)
+    deploy = deploy_model(graph, qp, cfg.model.input_name)
+    check_deploy(deploy)
+    onnx.save(deploy, str(kdir / "deploy.onnx"))
+    (kdir / "record.txt").write_text(record_text(graph, qp))
+    status.update(fp32_onnx="graph.onnx", deploy_onnx="deploy.onnx", record="record.txt",
+                  int8_ops=len(qp.ops), input_name=cfg.model.input_name)
+    write_json(kdir / "export.json", status)
     return status
+
+
+def atc_model(cfg, export: dict) -> tuple[str, int]:
+    """(model file, atc --framework) for build.atc_model: an AIR where one exists, else the ONNX."""
+    if cfg.build.atc_model == "fp32":
+        return (export["air"], 1) if export.get("air") else (export["fp32_onnx"], 5)
+    return (export["deploy_air"], 1) if export.get("deploy_air") else (export["deploy_onnx"], 5)
 
 
 # ----------------------------------------------------------------------------- atc
@@ -157,13 +180,13 @@ def atc_stage(cfg, kdir: Path) -> dict:
     atc = find_atc()
     status = {"atc": str(atc) if atc else None, "soc_version": cfg.build.soc_version, "model": cfg.build.atc_model,
               "om": None, "command": None}
-    if not export.get("air"):
-        status.update(status="skipped", reason=f"no AIR model to convert: {export.get('air_skipped')}")
-    elif atc is None:
+    model, framework = atc_model(cfg, export)
+    status.update(input=model, framework=framework)
+    if atc is None:
         status.update(status="skipped", reason=not_found_reason())
     else:
         prefix = kdir / "model"
-        cmd = atc_command(atc, kdir / export["air"], prefix, cfg.build.soc_version, kdir / "aipp.cfg",
+        cmd = atc_command(atc, kdir / model, framework, prefix, cfg.build.soc_version, kdir / "aipp.cfg",
                           cfg.build.precision_mode, cfg.model.input_name, cfg.model.input_shape)
         status["command"] = cmd
         print("running: " + " ".join(cmd))

@@ -30,6 +30,11 @@ def act_qparams(lo: float, hi: float) -> tuple[float, int]:
     return float(scale), offset
 
 
+def quant_scale(scale_d: float) -> np.float32:
+    """AscendQuant's ``scale`` attribute (a float32 in the deploy graph); the device applies it as float16."""
+    return np.float32(1.0 / scale_d)
+
+
 def weight_channel_axis(op: str, attrs: dict) -> int:
     """The output-channel axis of a quantized op's weight (Conv2D: 0; MatMul: N)."""
     if op == "Conv2D":

@@ -1,0 +1,99 @@
+"""The Ascend deploy graph (deploy.onnx): format, AMCT record, and the device arithmetic it carries."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import deploy_interpreter
+import nets
+from quantflow.backends.aipp import parse
+from quantflow.backends.deploy_onnx import check_deploy, deploy_model, record_text
+from quantflow.engine.int8_emulator import Emulator
+from quantflow.frontends.mindir import read_mindir
+from quantflow.pipeline.gate import aipp_batch
+from quantflow.images import load_images, scan_class_folders
+from quantflow.quantization.calibrater import calibrate
+from quantflow.quantization.passes import fold_for_quantization
+from quantflow.quantization.qparams import QuantParams
+from quantflow.quantization.scheme import deq_scale_uint64
+
+
+def test_deq_scale_packing_round_trips():
+    deq = np.array([1e-5, 0.0123, 3.5, 2.0 ** -30], np.float32)
+    packed = deq_scale_uint64(deq)
+    assert packed.dtype == np.uint64 and np.all(packed >> np.uint64(32) == 0)
+    np.testing.assert_array_equal(deploy_interpreter.unpack_deq_scale(packed), deq)
+    assert int(packed[2]) == 0x40600000  # float32 bits of 3.5
+
+
+def quantized(name: str, tmp_path):
+    graph = fold_for_quantization(read_mindir(nets.export(getattr(nets, name)(), tmp_path / f"{name}.mindir")))
+    rng = np.random.default_rng(7)
+    qp = calibrate(graph, [rng.normal(size=(16, 3, 16, 16)).astype(np.float32)], "minmax")
+    return graph, qp
+
+
+def test_deploy_graph_format(tmp_path):
+    graph, qp = quantized("ResNetStyle", tmp_path)
+    model = deploy_model(graph, qp, "x")
+    check_deploy(model)
+    assert model.opset_import[0].domain == "" and model.opset_import[0].version <= 13
+    assert model.graph.input[0].name == "x"
+    nodes = model.graph.node
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    quants = [n for n in nodes if n.op_type == "AscendQuant"]
+    deqs = [n for n in nodes if n.op_type == "AscendDequant"]
+    assert len(quants) == len(deqs) == len(qp.ops) == 7  # six convolutions and the dense layer
+    for q, quant, deq in zip(qp.ops, quants, deqs):
+        a = {x.name: onnx.helper.get_attribute_value(x) for x in quant.attribute}
+        assert a["scale"] == pytest.approx(1 / q.scale_d, rel=1e-6) and a["offset"] == q.offset_d
+        assert a["sqrt_mode"] == 0 and a["round_mode"] == b"Round" and a["dst_type"] == 2
+        cube = next(n for n in nodes if quant.output[0] in n.input)
+        assert cube.op_type in ("Conv", "Gemm") and cube.name == q.scope
+        assert inits[cube.input[1]].dtype == np.int8 and inits[cube.input[2]].dtype == np.int32
+        assert deq.input[0] == cube.output[0] and inits[deq.input[1]].dtype == np.uint64
+        d = {x.name: onnx.helper.get_attribute_value(x) for x in deq.attribute}
+        assert d["relu_flag"] == int(q.relu) and d["sqrt_mode"] == 0 and d["dtype"] == 0
+    assert sum(q.relu for q in qp.ops) >= 3  # stem and the blocks' first convolutions fuse their ReLU
+
+
+@pytest.mark.parametrize("name", ["ResidualNet", "ResNetStyle", "MobileNetV3Style", "DenseNetStyle",
+                                  "ShuffleNetStyle", "OpZoo"])
+def test_deploy_graph_computes_what_the_emulator_computes(tmp_path, name):
+    graph, qp = quantized(name, tmp_path)
+    model = deploy_model(graph, qp, "x")
+    x16 = np.random.default_rng(8).normal(size=(2, 3, 16, 16)).astype(np.float16)
+    np.testing.assert_array_equal(deploy_interpreter.run(model, x16)[0], Emulator(graph, qp).logits(x16))
+
+
+def test_record_file_has_one_record_per_quantized_layer(tmp_path):
+    graph, qp = quantized("DenseNetStyle", tmp_path)
+    text = record_text(graph, qp)
+    keys = re.findall(r'key: "([^"]+)"', text)
+    assert keys == [q.scope for q in qp.ops]
+    first = text.split("record {")[1]
+    assert f"scale_d: {qp.ops[0].scale_d:.9g}" in first and f"offset_d: {qp.ops[0].offset_d}" in first
+    assert first.count("scale_w:") == first.count("offset_w: 0") == len(qp.ops[0].scale_w)
+    assert "channels: 3" in first and "height: 16" in first and "width: 16" in first
+
+
+def test_demo_deploy_graph_matches_the_gated_emulation(built_demo, demo_cfg):
+    """DigitsNet's deploy.onnx from `doit`, run from uint8 images through AIPP, equals the emulation."""
+    kdir = Path(json.loads((built_demo[0] / "build" / "latest.json").read_text())["artifacts"])
+    model = onnx.load(str(kdir / "deploy.onnx"))
+    check_deploy(model)
+    graph = fold_for_quantization(read_mindir(kdir / "model.mindir"))
+    qp = QuantParams.load(kdir)
+    items = scan_class_folders(demo_cfg.path(demo_cfg.evaluation.data_dir), 10)[::36]
+    images = load_images([i.path for i in items], 3, 32, 32)
+    x16 = aipp_batch(parse((kdir / "aipp.cfg").read_text()), images, "BGR").astype(np.float16)
+    emulated = Emulator(graph, qp).logits(x16)
+    got = np.concatenate([deploy_interpreter.run(model, x16[i:i + 1])[0] for i in range(len(x16))])
+    np.testing.assert_array_equal(got, emulated)
+    assert len(re.findall(r"^record \{", (kdir / "record.txt").read_text(), re.M)) == 4
