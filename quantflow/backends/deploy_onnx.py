@@ -12,17 +12,14 @@ The graph input is named ``model.input_name`` so that ``atc --input_shape`` can 
 """
 from __future__ import annotations
 
-import numpy as np
 import onnx
 from onnx import defs
 
 from ..engine.onnx_builder import DEVICE_OPSET, OnnxBuilder
-from ..ir import Graph, Node
+from ..ir import Graph
 from ..ops import get as get_op
-from ..quantization.qparams import QuantizedOp, QuantParams
-from ..quantization.scheme import deq_scale_uint64, quant_scale
-
-INT8 = 2        # GE DataType DT_INT8, AscendQuant's dst_type
+from ..quantization.deploy import quantized_graph
+from ..quantization.qparams import QuantParams
 
 
 def register_ascend_schemas() -> None:
@@ -46,39 +43,19 @@ def register_ascend_schemas() -> None:
                         S.Attribute("dtype", S.AttrType.INT, "")]))
 
 
-def _quantized(b: OnnxBuilder, graph: Graph, node: Node, q: QuantizedOp) -> None:
-    layer = q.scope
-    x = b.add("AscendQuant", [node.inputs[0]], b.fresh("quant"), scale=float(quant_scale(q.scale_d)),
-              offset=float(q.offset_d), sqrt_mode=0, round_mode="Round", dst_type=INT8)
-    w = b.initializer(f"{layer}.weight_int8", q.weight.astype(np.int8))
-    bias = b.initializer(f"{layer}.bias_int32", q.bias.astype(np.int32))
-    acc = b.fresh("acc")
-    if node.op == "Conv2D":
-        a = node.attrs
-        b.nodes.append(onnx.helper.make_node("Conv", [x, w, bias], [acc], name=layer, pads=a["pads"],
-                                             strides=a["strides"], dilations=a["dilations"], group=a["group"]))
-    else:
-        b.nodes.append(onnx.helper.make_node("Gemm", [x, w, bias], [acc], name=layer,
-                                             transB=int(bool(node.attrs["transpose_b"]))))
-    deq = b.initializer(f"{layer}.deq_scale", deq_scale_uint64(q.deq_scale))
-    b.add("AscendDequant", [acc, deq], node.outputs[0], sqrt_mode=0, relu_flag=int(q.relu), dtype=0)
-
-
 def deploy_model(graph: Graph, qparams: QuantParams, input_name: str) -> onnx.ModelProto:
     """The deploy graph of the (BatchNorm-folded) ``graph`` with ``qparams``."""
     register_ascend_schemas()
-    qmap = qparams.by_node()
-    b = OnnxBuilder(f"{graph.name}_ascend_int8", opset=DEVICE_OPSET)
-    for k in {i for n in graph.nodes if n.name not in qmap for i in n.inputs if i in graph.initializers}:
-        b.initializer(k, graph.initializers[k])
-    inp = graph.inputs[0]
+    deploy = quantized_graph(graph, qparams)
+    b = OnnxBuilder(f"{graph.name}_ascend_int8", opset=DEVICE_OPSET, target="device")
+    for k, v in deploy.initializers.items():
+        b.initializer(k, v)
+    inp = deploy.inputs[0]
     b.add("Identity", [input_name], inp)
-    for node in graph.nodes:
-        if node.name in qmap:
-            _quantized(b, graph, node, qmap[node.name])
-        else:
-            get_op(node.op, node.name).to_onnx(node, b)
-    return b.model([(input_name, graph.tensors[inp].shape, "float32")], [(o, graph.shape(o), "float32") for o in graph.outputs])
+    for node in deploy.nodes:
+        get_op(node.op, node.name).to_onnx(node, b)
+    return b.model([(input_name, deploy.tensors[inp].shape, "float32")],
+                   [(o, deploy.shape(o), "float32") for o in deploy.outputs])
 
 
 def check_deploy(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -97,7 +74,7 @@ def record_text(graph: Graph, qparams: QuantParams) -> str:
     for q in qparams.ops:
         shape = graph.shape(q.input)
         c, h, w = (shape[1], shape[2], shape[3]) if len(shape) == 4 else (shape[-1], 1, 1)
-        lines = [f'record {{', f'  key: "{q.scope}"', '  value {', f'    scale_d: {q.scale_d:.9g}',
+        lines = ['record {', f'  key: "{q.scope}"', '  value {', f'    scale_d: {q.scale_d:.9g}',
                  f'    offset_d: {q.offset_d}']
         lines += [f"    scale_w: {s:.9g}" for s in q.scale_w]
         lines += ["    offset_w: 0" for _ in q.scale_w]

@@ -23,8 +23,11 @@ def onnx_type(dtype: str) -> int:
 
 
 class OnnxBuilder:
-    def __init__(self, name: str = "quantflow", opset: int = OPSET):
-        self.name, self.opset = name, opset
+    def __init__(self, name: str = "quantflow", opset: int = OPSET, target: str = "compute"):
+        """``target``: "compute" lowers every op to what it computes (Ascend quantization operators
+        included, as their arithmetic); "device" keeps AscendQuant/AscendDequant and the int8 cube as
+        the deploy operators atc compiles."""
+        self.name, self.opset, self.target = name, opset, target
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: dict[str, np.ndarray] = {}
         self._count = 0
@@ -49,7 +52,8 @@ class OnnxBuilder:
         """Append a node; returns its output name (or names, when several were asked for)."""
         single = outputs is None or isinstance(outputs, str)
         outs = [outputs] if isinstance(outputs, str) else (outputs or [self.fresh(op_type.lower())])
-        self.nodes.append(helper.make_node(op_type, inputs, outs, name=self.fresh(op_type), **attrs))
+        name = attrs.pop("name", None) or self.fresh(op_type)
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=name, **attrs))
         return outs[0] if single else outs
 
     def model(self, inputs: list[tuple[str, tuple, str]], outputs: list[tuple[str, tuple, str]]) -> onnx.ModelProto:

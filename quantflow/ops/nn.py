@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .common import as_ints, data_format, norm_axis, pad_mode, pair, spatial_pads
+from .quant import int8_cube_onnx
 from .registry import OpDef, register
 
 
@@ -21,14 +22,26 @@ def _conv_from_mindir(ctx):
     else:
         pads = spatial_pads(pad_mode(ctx.attr("pad_mode", "valid")), ctx.shape(ctx.tensor(0))[2:], (kh, kw), stride,
                             dilation, ctx.attr("pad", (0, 0, 0, 0)), ctx.node_name)
-    return [ctx.tensor(0), w], {"pads": pads, "strides": list(stride), "dilations": list(dilation),
-                                "group": int(ctx.attr("group", 1))}
+    attrs = {"pads": pads, "strides": list(stride), "dilations": list(dilation), "group": int(ctx.attr("group", 1))}
+    if ctx.reader.initializers.get(w) is not None and ctx.reader.initializers[w].dtype == np.int8:
+        # a deploy graph's int8 convolution; its input zero point rides on the primitive as offset_a
+        attrs.update(offset_x=int(ctx.attr("offset_a", 0)), channel_axis=0, out_rank=4)
+    return [ctx.tensor(0), w], attrs
 
 
-def _conv_onnx(node, b):
+def _conv_float(node, b):
     a = node.attrs
     b.add("Conv", node.inputs, node.outputs[0], pads=a["pads"], strides=a["strides"], dilations=a["dilations"],
           group=a["group"])
+
+
+def _conv_onnx(node, b):
+    if "offset_x" not in node.attrs:
+        _conv_float(node, b)
+        return
+    a = node.attrs
+    int8_cube_onnx(node, b, _conv_float, "Conv", dict(name=node.label, pads=a["pads"], strides=a["strides"],
+                                                      dilations=a["dilations"], group=a["group"]))
 
 
 register(OpDef("Conv2D", _conv_from_mindir, _conv_onnx, quantizable=True))
@@ -48,6 +61,13 @@ def _swap_last(b, x: str, rank: int) -> str:
 
 
 def _matmul_onnx(node, b):
+    if "offset_x" in node.attrs:
+        int8_cube_onnx(node, b, _matmul_float, "Gemm", dict(name=node.label, transB=int(node.attrs["transpose_b"])))
+    else:
+        _matmul_float(node, b)
+
+
+def _matmul_float(node, b):
     x, w = node.inputs[:2]
     ra, rb = node.attrs["rank_a"], node.attrs["rank_b"]
     if node.attrs["transpose_a"]:

@@ -36,6 +36,7 @@ class OpDef:
     num_outputs: Callable | None = None   # (attrs) -> int, for ops with tuple outputs
     quantizable: bool = False    # Ascend INT8 scheme quantizes it (Conv2D, MatMul with constant weights)
     exact_in_fp16: bool = True   # float32 compute then one float16 rounding == IEEE float16 result
+    rounds_itself: bool = False  # its lowering states the device's roundings itself (Quant, Dequant)
 
 
 def register(op: OpDef) -> OpDef:

@@ -8,7 +8,6 @@ tensor share its observer, hence its scale_d/offset_d.
 """
 from __future__ import annotations
 
-import numpy as np
 
 from ..engine.float_runner import float_runner
 from ..errors import DataError

@@ -1,0 +1,139 @@
+"""The Ascend quantization operators and the int8 cube, as the device computes them.
+
+A quantized Conv2D / MatMul appears in the IR (after ``quantization.deploy.quantized_graph``, or read
+from a deploy MindIR) as
+
+    Quant(x) -> int8  ->  Conv2D / MatMul (int8 weight, int32 bias, ``offset_x``) -> int32  ->  Dequant -> float16
+
+Each lowers two ways: for the ``device`` target as the ONNX deploy operators atc compiles
+(AscendQuant, Conv/Gemm on int8, AscendDequant), otherwise as the arithmetic the device performs:
+
+- Quant: ``q = saturate_int8(round_half_even(fp16(fp16(x * fp16(scale)) + fp16(offset))))``.
+  TBE ascend_quant.py (ascend_quant_compute -> _compute_scale / _compute_offset, CANN 8.1.RC1): cast
+  to float16, multiply by tvm.const(scale, "float16"), add the float16 offset, cast to int8 with the
+  "Round" mode; op_proto quantize_ops.h documents "Round" as "round to nearest, tie to even (c
+  language rint)", and the conversion saturates (Ascend C precision_conversion.md).
+- cube: ``acc = sum(w_q * (q - offset_x)) + bias`` exact in int32.  On Ascend310P the cube subtracts
+  the offset itself (conv_compute.py: sum((fmap - offset_x) * weight) on v200 SoCs).  Computed as
+  float32 convolutions on integers, exact while every partial sum stays below 2**24: checked per
+  layer (``sum|w_q[c]| * 255 < 2**24``), else ``q - offset_x`` is split into two base-16 digits
+  (two exact convolutions combined in int32); beyond that the layer is refused.
+- Dequant: ``y = fp16(relu?(float32(acc) * deq_scale[c]))``, deq_scale's low 32 bits read as float32
+  (ascend_dequant.py: vdeq_cast with a uint64 per-channel scale on v200 SoCs).
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+from onnx import TensorProto
+
+from ..errors import UnsupportedNetworkError
+from .registry import OpDef, register
+
+EXACT_LIMIT = 2 ** 24
+INT8 = 2  # GE DataType DT_INT8, AscendQuant's dst_type
+
+
+def round16(b, x: str, out: str | None = None) -> str:
+    """float32 -> nearest float16 (ties to even) -> float32."""
+    return b.add("Cast", [b.add("Cast", [x], to=TensorProto.FLOAT16)], out, to=TensorProto.FLOAT)
+
+
+# ----------------------------------------------------------------------------- Quant (AscendQuant)
+
+def _quant_from_mindir(ctx):
+    if ctx.attr("sqrt_mode", False):
+        ctx.fail("Quant with sqrt_mode")
+    if ctx.attr("round_mode", "Round") != "Round":
+        ctx.fail(f"Quant with round_mode {ctx.attr('round_mode')!r} (only 'Round' is emulated)")
+    return [ctx.tensor(0)], {"scale": float(ctx.attr("scale")), "offset": float(ctx.attr("offset"))}
+
+
+def _quant_onnx(node, b):
+    a = node.attrs
+    if b.target == "device":
+        b.add("AscendQuant", node.inputs, node.outputs[0], scale=float(np.float32(a["scale"])),
+              offset=float(a["offset"]), sqrt_mode=0, round_mode="Round", dst_type=INT8)
+        return
+    scale = b.const(np.float32(np.float16(np.float32(a["scale"]))), "quant_scale")
+    offset = b.const(np.float32(np.float16(a["offset"])), "quant_offset")
+    t = round16(b, b.add("Add", [round16(b, b.add("Mul", [node.inputs[0], scale])), offset]))
+    q = b.add("Clip", [b.add("Round", [t]), b.const(np.float32(-128), "qmin"), b.const(np.float32(127), "qmax")])
+    b.add("Cast", [q], node.outputs[0], to=TensorProto.INT8)
+
+
+register(OpDef("Quant", _quant_from_mindir, _quant_onnx, rounds_itself=True))
+
+
+# ----------------------------------------------------------------------------- Dequant (AscendDequant)
+
+def _dequant_from_mindir(ctx):
+    if ctx.attr("sqrt_mode", False):
+        ctx.fail("Dequant with sqrt_mode")
+    return [ctx.tensor(0), ctx.tensor(1)], {"relu_flag": bool(ctx.attr("relu_flag", False)),
+                                            "rank": len(ctx.shape(ctx.tensor(0)))}
+
+
+def deq_scale_float32(deq: np.ndarray, where: str) -> np.ndarray:
+    deq = np.asarray(deq)
+    if deq.dtype != np.uint64 or np.any(deq >> np.uint64(32)):
+        raise UnsupportedNetworkError(f"{where}: deq_scale must be uint64 with the high 32 bits zero")
+    return (deq & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32)
+
+
+def _dequant_onnx(node, b):
+    a = node.attrs
+    if b.target == "device":
+        b.add("AscendDequant", node.inputs, node.outputs[0], sqrt_mode=0, relu_flag=int(a["relu_flag"]), dtype=0)
+        return
+    shape = [1] * a["rank"]
+    shape[1 if a["rank"] > 1 else 0] = -1
+    scale = deq_scale_float32(b.initializers[node.inputs[1]], node.label).reshape(shape)
+    y = b.add("Mul", [b.add("Cast", [node.inputs[0]], to=TensorProto.FLOAT), b.const(scale, "deq_scale")])
+    if a["relu_flag"]:
+        y = b.add("Relu", [y])
+    round16(b, y, node.outputs[0])
+
+
+register(OpDef("Dequant", _dequant_from_mindir, _dequant_onnx, rounds_itself=True))
+
+
+# ----------------------------------------------------------------------------- the int8 cube
+
+def int8_cube_onnx(node, b, float_lowering, device_op: str, device_attrs: dict) -> None:
+    """Conv2D / MatMul on int8 input and weight (``node.attrs['offset_x']``), int32 (+ bias) output."""
+    x, w = node.inputs[:2]
+    bias = node.inputs[2] if len(node.inputs) == 3 else None
+    if b.target == "device":
+        b.add(device_op, [x, w] + ([bias] if bias else []), node.outputs[0], **device_attrs)
+        return
+    w_q = b.initializers[w]
+    axis = node.attrs["channel_axis"]
+    wf = b.const(w_q.astype(np.float32), "weight_q")
+    per_channel = np.abs(np.moveaxis(w_q.astype(np.int64), axis, 0)).reshape(w_q.shape[axis], -1).sum(axis=1).max()
+    v = b.add("Sub", [b.add("Cast", [x], to=TensorProto.FLOAT), b.const(np.float32(node.attrs["offset_x"]), "offset_x")])
+
+    def product(inp: str) -> str:
+        sub = copy.copy(node)
+        sub.inputs, sub.outputs = [inp, wf], [b.fresh("acc")]
+        float_lowering(sub, b)
+        return b.add("Cast", [sub.outputs[0]], to=TensorProto.INT32)
+
+    if per_channel * 255 < EXACT_LIMIT:
+        acc = product(v)
+    elif per_channel * 16 < EXACT_LIMIT:
+        sixteen = b.const(np.float32(16), "sixteen")
+        hi = b.add("Floor", [b.add("Div", [v, sixteen])])
+        lo = b.add("Sub", [v, b.add("Mul", [hi, sixteen])])
+        acc = b.add("Add", [b.add("Mul", [product(hi), b.const(np.int32(16), "sixteen_i")]), product(lo)])
+    else:
+        raise UnsupportedNetworkError(f"layer {node.label}: a channel's sum of |int8 weights| is {per_channel}, too "
+                                      f"large for exact int32 emulation of its accumulator")
+    if bias is None:
+        b.add("Identity", [acc], node.outputs[0])
+        return
+    rank = node.attrs.get("out_rank", 4 if node.op == "Conv2D" else 2)
+    shape = [1] * rank
+    shape[1 if rank > 1 else 0] = -1
+    b.add("Add", [acc, b.const(b.initializers[bias].astype(np.int32).reshape(shape), "bias_q")], node.outputs[0])
