@@ -151,7 +151,9 @@ def do_export():
     _, kdir = current_key()
     st = export_stage(cfg(), kdir)
     print(f"exported INT8 deploy graph ({st['int8_ops']} AscendQuant/AscendDequant pairs) -> {kdir / st['deploy_onnx']}, "
-          f"AMCT record -> {kdir / st['record']}")
+          f"{kdir / st['deploy_mindir']} (network source {st['deploy_net']}), AMCT record -> {kdir / st['record']}")
+    if not st["deploy_air"]:
+        print(f"SKIPPED deploy AIR export: {st['deploy_air_skipped']}")
     print(f"exported FP32 MindIR -> {kdir / st['mindir']}, FP32 ONNX -> {kdir / st['fp32_onnx']}")
     if st["air"]:
         print(f"exported FP32 AIR -> {kdir / st['air']}")
@@ -215,7 +217,8 @@ def _summary() -> dict:
     rel = lambda name: str(kdir / name) if name else None  # noqa: E731
     return {"key": key, "artifacts": str(kdir), "qparams": rel("qparams.json"),
             "mindir": rel(export["mindir"]), "air": rel(export["air"]), "graph_onnx": rel("graph.onnx"),
-            "deploy_onnx": rel(export["deploy_onnx"]), "record": rel(export["record"]),
+            "deploy_onnx": rel(export["deploy_onnx"]), "deploy_mindir": rel(export["deploy_mindir"]),
+            "deploy_air": rel(export.get("deploy_air")), "record": rel(export["record"]),
             "aipp_config": rel("aipp.cfg"), "om": rel(atc.get("om")),
             "atc": atc["status"] if atc["status"] != "skipped" else f"skipped: {atc['reason']}",
             "gate": {k: gate[k] for k in ("passed", "fp32_top1", "int8_top1", "drop", "threshold")},
@@ -226,7 +229,8 @@ def do_summary():
     s = _summary()
     _write_json(cfg().out / "latest.json", s)
     print(f"artifacts ({s['key']}): {s['artifacts']}")
-    for k in ("qparams", "deploy_onnx", "record", "mindir", "graph_onnx", "air", "aipp_config", "om",
+    for k in ("qparams", "deploy_onnx", "deploy_mindir", "deploy_air", "record", "mindir", "graph_onnx", "air",
+              "aipp_config", "om",
               "accuracy_report"):
         print(f"  {k:<16} {s[k] or '-'}")
     print(f"  {'atc':<16} {s['atc']}")
@@ -308,7 +312,8 @@ def task_calibrate():
 @create_after(executed="sample")
 def task_export():
     """Stage 3b: the INT8 deploy graph (ONNX) and AMCT record; FP32 MindIR, AIR when the Ascend backend is available."""
-    return _keyed("export", do_export, ["export.json", "model.mindir", "deploy.onnx", "record.txt"], ["calibrate"],
+    return _keyed("export", do_export, ["export.json", "model.mindir", "deploy.onnx", "deploy.mindir", "record.txt"],
+                  ["calibrate"],
                   task_export.__doc__)
 
 

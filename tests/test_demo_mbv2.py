@@ -22,7 +22,7 @@ def test_mobilenet_demo_trains_and_passes_the_gate(tmp_path):
     qparams = json.loads((kdir / "qparams.json").read_text())["ops"]
     depthwise = [q for q in qparams if q["op"] == "Conv2D" and q["weight_shape"][1] == 1]
     assert len(depthwise) == 5 and len(qparams) == 18
-    for name in ("deploy.onnx", "record.txt", "graph.onnx"):
+    for name in ("deploy.onnx", "deploy.mindir", "deploy_net.py", "record.txt", "graph.onnx"):
         assert (kdir / name).is_file(), name
     assert json.loads((kdir / "export.json").read_text())["int8_ops"] == 18
     metrics = json.loads((example / "build" / "demo" / "digits_mbv2.metrics.json").read_text())

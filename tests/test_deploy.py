@@ -13,12 +13,14 @@ from onnx import numpy_helper
 import deploy_interpreter
 import nets
 from quantflow.backends.aipp import parse
+from quantflow.backends.deploy_mindspore import export_deploy_mindir
 from quantflow.backends.deploy_onnx import check_deploy, deploy_model, record_text
 from quantflow.engine.int8_emulator import Emulator
 from quantflow.frontends.mindir import read_mindir
 from quantflow.pipeline.gate import aipp_batch
 from quantflow.images import load_images, scan_class_folders
 from quantflow.quantization.calibrater import calibrate
+from quantflow.quantization.deploy import quantized_graph
 from quantflow.quantization.passes import fold_for_quantization
 from quantflow.quantization.qparams import QuantParams
 from quantflow.quantization.scheme import deq_scale_uint64
@@ -72,6 +74,21 @@ def test_deploy_graph_computes_what_the_emulator_computes(tmp_path, name):
     np.testing.assert_array_equal(deploy_interpreter.run(model, x16)[0], Emulator(graph, qp).logits(x16))
 
 
+@pytest.mark.parametrize("name", ["ResidualNet", "MobileNetV3Style", "DenseNetStyle", "ShuffleNetStyle", "OpZoo"])
+def test_deploy_mindir_read_back_computes_the_same(tmp_path, name):
+    graph, qp = quantized(name, tmp_path)
+    deploy = quantized_graph(graph, qp)
+    status = export_deploy_mindir(deploy, tmp_path)
+    assert status["deploy_mindir"] == "deploy.mindir" and (tmp_path / "deploy_net.py").is_file()
+    back = read_mindir(tmp_path / "deploy.mindir")
+    ops = back.op_counts()
+    assert ops["Quant"] == ops["Dequant"] == len(qp.ops)
+    assert all(back.initializers[n.inputs[1]].dtype == np.int8 for n in back.nodes if n.op == "Conv2D"
+               and "offset_x" in n.attrs) and ops["Conv2D"] >= len(qp.ops)
+    x16 = np.random.default_rng(9).normal(size=(2, 3, 16, 16)).astype(np.float16)
+    np.testing.assert_array_equal(Emulator(back).logits(x16), Emulator(deploy).logits(x16))
+
+
 def test_record_file_has_one_record_per_quantized_layer(tmp_path):
     graph, qp = quantized("DenseNetStyle", tmp_path)
     text = record_text(graph, qp)
@@ -84,7 +101,8 @@ def test_record_file_has_one_record_per_quantized_layer(tmp_path):
 
 
 def test_demo_deploy_graph_matches_the_gated_emulation(built_demo, demo_cfg):
-    """DigitsNet's deploy.onnx from `doit`, run from uint8 images through AIPP, equals the emulation."""
+    """DigitsNet's deploy.onnx and deploy.mindir from `doit`, run from uint8 images through AIPP, equal the
+    emulation the gate used."""
     kdir = Path(json.loads((built_demo[0] / "build" / "latest.json").read_text())["artifacts"])
     model = onnx.load(str(kdir / "deploy.onnx"))
     check_deploy(model)
@@ -96,4 +114,5 @@ def test_demo_deploy_graph_matches_the_gated_emulation(built_demo, demo_cfg):
     emulated = Emulator(graph, qp).logits(x16)
     got = np.concatenate([deploy_interpreter.run(model, x16[i:i + 1])[0] for i in range(len(x16))])
     np.testing.assert_array_equal(got, emulated)
+    np.testing.assert_array_equal(Emulator(read_mindir(kdir / "deploy.mindir")).logits(x16), emulated)
     assert len(re.findall(r"^record \{", (kdir / "record.txt").read_text(), re.M)) == 4

@@ -24,7 +24,7 @@ def test_first_run_executes_every_stage(built_demo):
     assert not list((project / "build").rglob("*.om"))
     s = latest(project)
     kdir = Path(s["artifacts"])
-    for name in ["graph.json", "graph.onnx", "deploy.onnx", "record.txt", "qparams.json", "qparams.npz", "model.mindir", "aipp.cfg",
+    for name in ["graph.json", "graph.onnx", "deploy.onnx", "deploy.mindir", "deploy_net.py", "record.txt", "qparams.json", "qparams.npz", "model.mindir", "aipp.cfg",
                  "aipp_check.json", "atc.json", "accuracy_report.json", "accuracy_report.txt", "key_inputs.json"]:
         assert (kdir / name).is_file(), name
     assert s["om"] is None and s["air"] is None and s["atc"].startswith("skipped: ")

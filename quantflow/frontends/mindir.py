@@ -104,6 +104,12 @@ def decode_attr(a):
     return ("<unknown attribute type>", int(t))
 
 
+def _info(dims, data_type: int) -> TensorInfo:
+    """Float tensors are float32 in the IR whatever their MindIR precision (the emulator models float16)."""
+    dtype = np.dtype(_DTYPES.get(data_type, np.float32)).name
+    return TensorInfo(tuple(int(d) for d in dims), "float32" if dtype == "float16" else dtype)
+
+
 def _shapes(node) -> list[TensorInfo]:
     """Output shapes/dtypes recorded by MindSpore's shape inference (the 'shape' attribute)."""
     for a in node.attribute:
@@ -111,8 +117,7 @@ def _shapes(node) -> list[TensorInfo]:
             tensors = list(a.tensors)
             if not tensors and a.values:  # a tuple output: one tensor per element
                 tensors = [v.tensors[0] for v in a.values if v.tensors]
-            return [TensorInfo(tuple(int(d) for d in t.dims), np.dtype(_DTYPES.get(t.data_type, np.float32)).name)
-                    for t in tensors]
+            return [_info(t.dims, t.data_type) for t in tensors]
     return []
 
 
@@ -206,14 +211,16 @@ class _Reader:
                 f"{self.source}: the MindIR holds {len(self.model.functions)} sub-graph(s) ({names}); quantflow reads "
                 f"flat graphs only (control flow or cell calls that MindSpore did not inline)")
         for p in self.graph.parameter:
-            self.initializers[p.name] = decode_tensor(p)
+            arr = decode_tensor(p)
+            # float16 parameters (a deploy network's float part) hold float32-exact values
+            self.initializers[p.name] = arr.astype(np.float32) if arr.dtype == np.float16 else arr
             self.values[p.name] = p.name
         inputs = []
         for i in self.graph.input:
             if i.name in self.values:
                 continue
-            shape = tuple(int(d) for d in i.tensor[0].dims) if len(i.tensor) else ()
-            self.tensors[i.name] = TensorInfo(shape, np.dtype(_DTYPES.get(i.tensor[0].data_type, np.float32)).name)
+            t = i.tensor[0]
+            self.tensors[i.name] = _info(t.dims, t.data_type)
             self.values[i.name] = i.name
             inputs.append(i.name)
         for n in self.graph.node:

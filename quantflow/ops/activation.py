@@ -40,10 +40,20 @@ def _gelu_onnx(node, b):
     b.add("Mul", [half_x, b.add("Add", [b.add("Tanh", [inner]), b.const(1.0, "one")])], node.outputs[0])
 
 
-register(OpDef("ReLU", _unary, _simple("Relu")))
-register(OpDef("ReLU6", _unary, _relu6_onnx))
-register(OpDef("HSwish", _unary, _hswish_onnx, exact_in_fp16=False))
-register(OpDef("HSigmoid", _unary, _simple("HardSigmoid", alpha=1.0 / 6.0, beta=0.5), exact_in_fp16=False))
-register(OpDef("Sigmoid", _unary, _simple("Sigmoid"), exact_in_fp16=False))
-register(OpDef("SiLU", _unary, _silu_onnx, exact_in_fp16=False))
-register(OpDef("GeLU", _unary, _gelu_onnx, exact_in_fp16=False))
+def _ms(prim: str):
+    return lambda n, w: f"{w.prim(prim)}({w.x(n, 0)})"
+
+
+def _silu_ms(node, w):
+    x = w.x(node, 0)
+    return f"({x} * {w.prim('ops.Sigmoid()')}({x}))"
+
+
+register(OpDef("ReLU", _unary, _simple("Relu"), to_mindspore=_ms("ops.ReLU()")))
+register(OpDef("ReLU6", _unary, _relu6_onnx, to_mindspore=_ms("ops.ReLU6()")))
+register(OpDef("HSwish", _unary, _hswish_onnx, exact_in_fp16=False, to_mindspore=_ms("ops.HSwish()")))
+register(OpDef("HSigmoid", _unary, _simple("HardSigmoid", alpha=1.0 / 6.0, beta=0.5), exact_in_fp16=False,
+               to_mindspore=_ms("ops.HSigmoid()")))
+register(OpDef("Sigmoid", _unary, _simple("Sigmoid"), exact_in_fp16=False, to_mindspore=_ms("ops.Sigmoid()")))
+register(OpDef("SiLU", _unary, _silu_onnx, exact_in_fp16=False, to_mindspore=_silu_ms))
+register(OpDef("GeLU", _unary, _gelu_onnx, exact_in_fp16=False, to_mindspore=_ms("ops.GeLU()")))

@@ -20,15 +20,14 @@ def _add_ext_from_mindir(ctx):
     return [ctx.tensor(0), ctx.tensor(1)], {}
 
 
-register(OpDef("Add", _binary, _simple("Add")))
-register(OpDef("AddExt", _add_ext_from_mindir, _simple("Add")))
-register(OpDef("InplaceAddExt", _add_ext_from_mindir, _simple("Add")))
-register(OpDef("Sub", _binary, _simple("Sub")))
-register(OpDef("Mul", _binary, _simple("Mul")))
-register(OpDef("Div", _binary, _simple("Div")))
-register(OpDef("RealDiv", _binary, _simple("Div")))
-# tensor-scalar forms (x / 4.0 in a construct): the scalar becomes a constant tensor
-register(OpDef("Adds", _binary, _simple("Add")))
-register(OpDef("Subs", _binary, _simple("Sub")))
-register(OpDef("Muls", _binary, _simple("Mul")))
-register(OpDef("Divs", _binary, _simple("Div")))
+def _infix(symbol: str):
+    return lambda n, w: f"({w.x(n, 0)} {symbol} {w.x(n, 1)})"
+
+
+_ONNX = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div"}
+for _names, _parse, _symbol in (
+        (("Add", "Adds"), _binary, "+"), (("AddExt", "InplaceAddExt"), _add_ext_from_mindir, "+"),
+        (("Sub", "Subs"), _binary, "-"), (("Mul", "Muls"), _binary, "*"),
+        (("Div", "RealDiv", "Divs"), _binary, "/")):
+    for _name in _names:
+        register(OpDef(_name, _parse, _simple(_ONNX[_symbol]), to_mindspore=_infix(_symbol)))

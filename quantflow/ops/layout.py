@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import UnsupportedNetworkError
 from .common import as_ints, norm_axis
 from .registry import OpDef, register
 
@@ -19,8 +20,13 @@ def _concat_from_mindir(ctx):
     return names, {"axis": norm_axis(int(ctx.get(1, "axis", 0)), rank)}
 
 
+def _concat_ms(node, w):
+    parts = ", ".join(w.x(node, i) for i in range(len(node.inputs)))
+    return f"{w.prim('ops.Concat(%d)' % node.attrs['axis'])}(({parts},))"
+
+
 register(OpDef("Concat", _concat_from_mindir,
-               lambda n, b: b.add("Concat", n.inputs, n.outputs[0], axis=n.attrs["axis"])))
+               lambda n, b: b.add("Concat", n.inputs, n.outputs[0], axis=n.attrs["axis"]), to_mindspore=_concat_ms))
 
 
 # ----------------------------------------------------------------------------- Split / Unstack
@@ -40,7 +46,12 @@ def _split_onnx(node, b):
     b.add("Split", [node.inputs[0], _i64(b, a["sizes"], "split")], list(node.outputs), axis=a["axis"])
 
 
-register(OpDef("Split", _split_from_mindir, _split_onnx, num_outputs=lambda a: len(a["sizes"])))
+def _split_ms(node, w):
+    n = len(node.attrs["sizes"])
+    return f"{w.prim('ops.Split(%d, %d)' % (node.attrs['axis'], n))}({w.x(node, 0)})", n
+
+
+register(OpDef("Split", _split_from_mindir, _split_onnx, num_outputs=lambda a: len(a["sizes"]), to_mindspore=_split_ms))
 
 
 def _unstack_from_mindir(ctx):
@@ -58,7 +69,12 @@ def _unstack_onnx(node, b):
         b.add("Squeeze", [part, _i64(b, [a["axis"]], "axes")], out)
 
 
-register(OpDef("Unstack", _unstack_from_mindir, _unstack_onnx, num_outputs=lambda a: a["num"]))
+def _unstack_ms(node, w):
+    return f"{w.prim('ops.Unstack(%d)' % node.attrs['axis'])}({w.x(node, 0)})", node.attrs["num"]
+
+
+register(OpDef("Unstack", _unstack_from_mindir, _unstack_onnx, num_outputs=lambda a: a["num"],
+               to_mindspore=_unstack_ms))
 
 
 # ----------------------------------------------------------------------------- StridedSlice
@@ -98,7 +114,18 @@ def _slice_onnx(node, b):
     b.add("Squeeze", [b.add("Slice", args), _i64(b, a["squeeze"], "axes")], node.outputs[0])
 
 
-register(OpDef("StridedSlice", _slice_from_mindir, _slice_onnx))
+def _slice_ms(node, w):
+    a = node.attrs
+    items = []
+    for s, e, st, axis in zip(a["starts"], a["ends"], a["steps"], a["axes"]):
+        if axis in a["squeeze"]:
+            items.append(str(s))
+        else:
+            items.append(f"{s}:{e if abs(e) < 2 ** 31 else ''}:{st}")
+    return f"{w.x(node, 0)}[{', '.join(items)}]"
+
+
+register(OpDef("StridedSlice", _slice_from_mindir, _slice_onnx, to_mindspore=_slice_ms))
 
 
 # ----------------------------------------------------------------------------- shape changes
@@ -112,23 +139,36 @@ def _reshape_onnx(node, b):
     b.add("Reshape", [node.inputs[0], _i64(b, node.attrs["shape"], "shape")], node.outputs[0])
 
 
+def _reshape_ms(node, w):
+    return f"{w.prim('ops.Reshape()')}({w.x(node, 0)}, {tuple(node.attrs['shape'])})"
+
+
 for _name in ("Reshape", "Flatten", "Squeeze", "ExpandDims"):
-    register(OpDef(_name, _static_shape, _reshape_onnx))
+    register(OpDef(_name, _static_shape, _reshape_onnx, to_mindspore=_reshape_ms))
 
 
 def _transpose_from_mindir(ctx):
     return [ctx.tensor(0)], {"perm": as_ints(ctx.get(1, "perm", ()))}
 
 
+def _transpose_ms(node, w):
+    return f"{w.prim('ops.Transpose()')}({w.x(node, 0)}, {tuple(node.attrs['perm'])})"
+
+
 register(OpDef("Transpose", _transpose_from_mindir,
-               lambda n, b: b.add("Transpose", n.inputs, n.outputs[0], perm=n.attrs["perm"])))
+               lambda n, b: b.add("Transpose", n.inputs, n.outputs[0], perm=n.attrs["perm"]),
+               to_mindspore=_transpose_ms))
 
 
 def _broadcast_onnx(node, b):
     b.add("Expand", [node.inputs[0], _i64(b, node.attrs["shape"], "shape")], node.outputs[0])
 
 
-register(OpDef("BroadcastTo", _static_shape, _broadcast_onnx))
+def _broadcast_ms(node, w):
+    return f"{w.prim('ops.BroadcastTo(%s)' % (tuple(node.attrs['shape']),))}({w.x(node, 0)})"
+
+
+register(OpDef("BroadcastTo", _static_shape, _broadcast_onnx, to_mindspore=_broadcast_ms))
 
 
 # ----------------------------------------------------------------------------- Pad
@@ -153,7 +193,16 @@ def _pad_onnx(node, b):
           node.outputs[0], mode="constant")
 
 
-register(OpDef("Pad", _pad_from_mindir, _pad_onnx))
+def _pad_ms(node, w):
+    pads = node.attrs["pads"]
+    rank = len(pads) // 2
+    pairs = tuple((pads[i], pads[i + rank]) for i in range(rank))
+    if node.attrs["value"] != 0.0:
+        raise UnsupportedNetworkError(f"node {node.label}: Pad with value {node.attrs['value']} in the deploy network")
+    return f"{w.prim('ops.Pad(%s)' % (pairs,))}({w.x(node, 0)})"
+
+
+register(OpDef("Pad", _pad_from_mindir, _pad_onnx, to_mindspore=_pad_ms))
 
 
 # ----------------------------------------------------------------------------- Resize
@@ -175,7 +224,16 @@ def _resize_onnx(node, b):
           coordinate_transformation_mode=a["coord"], **extra)
 
 
-register(OpDef("ResizeNearestNeighbor", _resize_from_mindir("nearest"), _resize_onnx))
-register(OpDef("ResizeNearestNeighborV2", _resize_from_mindir("nearest"), _resize_onnx))
-register(OpDef("ResizeBilinear", _resize_from_mindir("linear"), _resize_onnx, exact_in_fp16=False))
-register(OpDef("ResizeBilinearV2", _resize_from_mindir("linear"), _resize_onnx, exact_in_fp16=False))
+def _resize_ms(node, w):
+    a = node.attrs
+    size = tuple(a["size"][2:])
+    align, half = a["coord"] == "align_corners", a["coord"] == "half_pixel"
+    if a["mode"] == "nearest":
+        return f"{w.prim(f'ops.ResizeNearestNeighbor({size}, align_corners={align})')}({w.x(node, 0)})"
+    return f"{w.prim(f'ops.ResizeBilinearV2({align}, {half})')}({w.x(node, 0)}, {size})"
+
+
+for _name, _mode in (("ResizeNearestNeighbor", "nearest"), ("ResizeNearestNeighborV2", "nearest"),
+                     ("ResizeBilinear", "linear"), ("ResizeBilinearV2", "linear")):
+    register(OpDef(_name, _resize_from_mindir(_mode), _resize_onnx, exact_in_fp16=_mode == "nearest",
+                   to_mindspore=_resize_ms))

@@ -44,7 +44,19 @@ def _conv_onnx(node, b):
                                                       dilations=a["dilations"], group=a["group"]))
 
 
-register(OpDef("Conv2D", _conv_from_mindir, _conv_onnx, quantizable=True))
+def _conv_ms(node, w):
+    a = node.attrs
+    t, l, b, r = a["pads"]
+    cout, _, kh, kw = w.array(node, 1).shape
+    prim = (f"ops.Conv2D({cout}, ({kh}, {kw}), pad_mode='pad', pad=({t}, {b}, {l}, {r}), "
+            f"stride={tuple(a['strides'])}, dilation={tuple(a['dilations'])}, group={a['group']})")
+    if "offset_x" in a:
+        prim = f"_offset({prim}, {a['offset_x']})"
+    y = f"{w.prim(prim)}({w.x(node, 0)}, {w.x(node, 1)})"
+    return f"{w.prim('ops.BiasAdd()')}({y}, {w.x(node, 2)})" if len(node.inputs) == 3 else y
+
+
+register(OpDef("Conv2D", _conv_from_mindir, _conv_onnx, quantizable=True, to_mindspore=_conv_ms))
 
 
 # ----------------------------------------------------------------------------- MatMul / BatchMatMul
@@ -89,8 +101,27 @@ def _with_ranks(parse):
     return wrapped
 
 
-register(OpDef("MatMul", _with_ranks(_matmul_from_mindir), _matmul_onnx, quantizable=True))
-register(OpDef("BatchMatMul", _with_ranks(_matmul_from_mindir), _matmul_onnx))
+def _matmul_ms(node, w):
+    a = node.attrs
+    bias = len(node.inputs) == 3
+    if "offset_x" in a:  # int8: a 1x1 convolution (MindSpore's MatMul keeps int8 output; Conv2D gives int32)
+        wq = w.array(node, 1)
+        wq = wq if a["transpose_b"] else wq.T
+        n, k = wq.shape
+        x = f"{w.prim('ops.Reshape()')}({w.x(node, 0)}, (-1, {k}, 1, 1))"
+        conv = w.prim(f"_offset(ops.Conv2D({n}, 1), {a['offset_x']})")
+        y = f"{conv}({x}, {w.param(wq.reshape(n, k, 1, 1))})"
+        if bias:
+            y = f"{w.prim('ops.BiasAdd()')}({y}, {w.x(node, 2)})"
+        return f"{w.prim('ops.Reshape()')}({y}, (-1, {n}))"
+    name = "BatchMatMul" if node.op == "BatchMatMul" else "MatMul"
+    op = w.prim(f"ops.{name}({a['transpose_a']}, {a['transpose_b']})")
+    y = f"{op}({w.x(node, 0)}, {w.x(node, 1)})"
+    return f"({y} + {w.x(node, 2)})" if bias else y
+
+
+register(OpDef("MatMul", _with_ranks(_matmul_from_mindir), _matmul_onnx, quantizable=True, to_mindspore=_matmul_ms))
+register(OpDef("BatchMatMul", _with_ranks(_matmul_from_mindir), _matmul_onnx, to_mindspore=_matmul_ms))
 
 
 # ----------------------------------------------------------------------------- BiasAdd
@@ -114,7 +145,13 @@ def _bias_onnx(node, b):
     b.add("Add", [node.inputs[0], _channel_view(b, node.inputs[1], a["axis"], a["rank"])], node.outputs[0])
 
 
-register(OpDef("BiasAdd", _bias_from_mindir, _bias_onnx))
+def _bias_ms(node, w):
+    if node.attrs["axis"] == 1 and node.attrs["rank"] > 2:
+        return f"{w.prim('ops.BiasAdd()')}({w.x(node, 0)}, {w.x(node, 1)})"
+    return f"({w.x(node, 0)} + {w.x(node, 1)})"  # the channel axis is the last one: plain broadcasting
+
+
+register(OpDef("BiasAdd", _bias_from_mindir, _bias_onnx, to_mindspore=_bias_ms))
 
 
 # ----------------------------------------------------------------------------- BatchNorm (inference)
@@ -132,7 +169,14 @@ def _bn_onnx(node, b):
     b.add("BatchNormalization", node.inputs, node.outputs[0], epsilon=node.attrs["epsilon"])
 
 
-register(OpDef("BatchNorm", _bn_from_mindir, _bn_onnx, num_outputs=lambda a: 5, exact_in_fp16=False))
+def _bn_ms(node, w):
+    bn = w.prim(f"ops.BatchNorm(is_training=False, epsilon={node.attrs['epsilon']!r})")
+    args = ", ".join([w.x(node, 0)] + [w.x(node, i, keep_float32=True) for i in range(1, 5)])
+    return f"{bn}({args})[0]"
+
+
+register(OpDef("BatchNorm", _bn_from_mindir, _bn_onnx, num_outputs=lambda a: 5, exact_in_fp16=False,
+               to_mindspore=_bn_ms))
 
 
 # ----------------------------------------------------------------------------- LayerNorm
@@ -162,7 +206,14 @@ def _ln_onnx(node, b):
     b.add("Add", [b.add("Mul", [norm, gamma]), beta], node.outputs[0])
 
 
-register(OpDef("LayerNorm", _ln_from_mindir, _ln_onnx, num_outputs=lambda a: 3, exact_in_fp16=False))
+def _ln_ms(node, w):
+    a = node.attrs
+    ln = w.prim(f"ops.LayerNorm(begin_norm_axis={a['axis']}, begin_params_axis={a['axis']}, epsilon={a['epsilon']!r})")
+    return f"{ln}({w.x(node, 0)}, {w.x(node, 1)}, {w.x(node, 2)})[0]"
+
+
+register(OpDef("LayerNorm", _ln_from_mindir, _ln_onnx, num_outputs=lambda a: 3, exact_in_fp16=False,
+               to_mindspore=_ln_ms))
 
 
 # ----------------------------------------------------------------------------- Softmax
@@ -175,7 +226,8 @@ def _softmax_from_mindir(ctx):
 
 
 register(OpDef("Softmax", _softmax_from_mindir,
-               lambda n, b: b.add("Softmax", n.inputs, n.outputs[0], axis=n.attrs["axis"]), exact_in_fp16=False))
+               lambda n, b: b.add("Softmax", n.inputs, n.outputs[0], axis=n.attrs["axis"]), exact_in_fp16=False,
+               to_mindspore=lambda n, w: f"{w.prim('ops.Softmax(%d)' % n.attrs['axis'])}({w.x(n, 0)})"))
 
 
 # ----------------------------------------------------------------------------- ReduceMean
@@ -188,9 +240,14 @@ def _reduce_from_mindir(ctx):
     return [x], {"axes": axes, "keepdims": bool(ctx.get(2, "keep_dims", False))}
 
 
+def _reduce_ms(node, w):
+    mean = w.prim(f"ops.ReduceMean(keep_dims={node.attrs['keepdims']})")
+    return f"{mean}({w.x(node, 0)}, {tuple(node.attrs['axes'])})"
+
+
 register(OpDef("ReduceMean", _reduce_from_mindir,
                lambda n, b: b.add("ReduceMean", n.inputs, n.outputs[0], axes=n.attrs["axes"],
-                                  keepdims=int(n.attrs["keepdims"])), exact_in_fp16=False))
+                                  keepdims=int(n.attrs["keepdims"])), exact_in_fp16=False, to_mindspore=_reduce_ms))
 
 
 # ----------------------------------------------------------------------------- pooling
@@ -203,7 +260,7 @@ def _pool_from_mindir(ctx):
     k, s = pair(ctx.get(1, "kernel_size", 1)), pair(ctx.get(2, "strides", 1))
     mode = pad_mode(ctx.get(3, "pad_mode", "valid"))
     pads = spatial_pads(mode, ctx.shape(x)[2:], k, s, node=ctx.node_name)
-    return [x], {"kernel": list(k), "strides": list(s), "pads": pads}
+    return [x], {"kernel": list(k), "strides": list(s), "pads": pads, "pad_mode": mode}
 
 
 def _maxpool_onnx(node, b):
@@ -218,8 +275,17 @@ def _avgpool_onnx(node, b):
           pads=a["pads"], count_include_pad=0)
 
 
-register(OpDef("MaxPool", _pool_from_mindir, _maxpool_onnx))
-register(OpDef("AvgPool", _pool_from_mindir, _avgpool_onnx, exact_in_fp16=False))
+def _pool_ms(name: str):
+    def write(node, w):
+        a = node.attrs
+        pool = w.prim(f"ops.{name}(kernel_size={tuple(a['kernel'])}, strides={tuple(a['strides'])}, "
+                      f"pad_mode={a['pad_mode'].upper()!r})")
+        return f"{pool}({w.x(node, 0)})"
+    return write
+
+
+register(OpDef("MaxPool", _pool_from_mindir, _maxpool_onnx, to_mindspore=_pool_ms("MaxPool")))
+register(OpDef("AvgPool", _pool_from_mindir, _avgpool_onnx, exact_in_fp16=False, to_mindspore=_pool_ms("AvgPool")))
 
 
 def _adaptive_from_mindir(ctx):
@@ -230,7 +296,8 @@ def _adaptive_from_mindir(ctx):
     if h % oh or w % ow:
         ctx.fail(f"AdaptiveAvgPool2D from {h}x{w} to {oh}x{ow}: only whole-number pooling windows are supported "
                  f"(output_size {size})")
-    return [x], {"kernel": [h // oh, w // ow], "strides": [h // oh, w // ow], "pads": [0, 0, 0, 0]}
+    return [x], {"kernel": [h // oh, w // ow], "strides": [h // oh, w // ow], "pads": [0, 0, 0, 0], "pad_mode": "valid"}
 
 
-register(OpDef("AdaptiveAvgPool2D", _adaptive_from_mindir, _avgpool_onnx, exact_in_fp16=False))
+register(OpDef("AdaptiveAvgPool2D", _adaptive_from_mindir, _avgpool_onnx, exact_in_fp16=False,
+               to_mindspore=_pool_ms("AvgPool")))

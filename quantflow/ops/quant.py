@@ -63,7 +63,12 @@ def _quant_onnx(node, b):
     b.add("Cast", [q], node.outputs[0], to=TensorProto.INT8)
 
 
-register(OpDef("Quant", _quant_from_mindir, _quant_onnx, rounds_itself=True))
+def _quant_ms(node, w):
+    quant = w.prim("Quant(%r, %r, False, 'Round')" % (node.attrs["scale"], node.attrs["offset"]))
+    return f"{quant}({w.x(node, 0)})"
+
+
+register(OpDef("Quant", _quant_from_mindir, _quant_onnx, rounds_itself=True, to_mindspore=_quant_ms))
 
 
 # ----------------------------------------------------------------------------- Dequant (AscendDequant)
@@ -96,7 +101,12 @@ def _dequant_onnx(node, b):
     round16(b, y, node.outputs[0])
 
 
-register(OpDef("Dequant", _dequant_from_mindir, _dequant_onnx, rounds_itself=True))
+def _dequant_ms(node, w):
+    deq = w.prim("Dequant(False, %s)" % bool(node.attrs["relu_flag"]))
+    return f"{deq}({w.x(node, 0)}, {w.x(node, 1)})"
+
+
+register(OpDef("Dequant", _dequant_from_mindir, _dequant_onnx, rounds_itself=True, to_mindspore=_dequant_ms))
 
 
 # ----------------------------------------------------------------------------- the int8 cube

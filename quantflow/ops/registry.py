@@ -2,8 +2,9 @@
 
 An ``OpDef`` owns one op type (named as the MindIR primitive): how its MindIR inputs and
 primitive attributes become the IR node's tensor inputs and normalized attributes
-(``from_mindir``), and what it computes, written as ONNX nodes (``to_onnx``) so that the float
-engine and the INT8 emulator run it with onnxruntime.  Stages never branch on op types
+(``from_mindir``), what it computes, written as ONNX nodes (``to_onnx``) so that the float
+engine and the INT8 emulator run it with onnxruntime, and how a MindSpore Cell writes it
+(``to_mindspore``, for the deploy network).  Stages never branch on op types
 themselves; they ask the registry.
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ class OpDef:
     quantizable: bool = False    # Ascend INT8 scheme quantizes it (Conv2D, MatMul with constant weights)
     exact_in_fp16: bool = True   # float32 compute then one float16 rounding == IEEE float16 result
     rounds_itself: bool = False  # its lowering states the device's roundings itself (Quant, Dequant)
+    to_mindspore: Callable | None = None  # (node, MindSporeWriter) -> Python expression of the op in a Cell
 
 
 def register(op: OpDef) -> OpDef:

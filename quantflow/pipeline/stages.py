@@ -135,11 +135,14 @@ def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path]):
 
 def export_stage(cfg, kdir: Path) -> dict:
     """FP32: MindIR (and AIR where possible), plus the graph stage's FP32 ONNX.  INT8: the Ascend deploy
-    graph as ONNX (checked by onnx.checker and shape inference) and AMCT's record file."""
+    graph as ONNX (checked by onnx.checker and shape inference) and as a MindSpore network (MindIR,
+    and AIR where possible), and AMCT's record file."""
     import onnx
 
+    from ..backends.deploy_mindspore import export_deploy_mindir
     from ..backends.deploy_onnx import check_deploy, deploy_model, record_text
     from ..backends.export import export_air
+    from ..quantization.deploy import quantized_graph
     from ..quantization.passes import fold_for_quantization
     from ..quantization.qparams import QuantParams
 
@@ -157,6 +160,7 @@ def export_stage(cfg, kdir: Path) -> dict:
     check_deploy(deploy)
     onnx.save(deploy, str(kdir / "deploy.onnx"))
     (kdir / "record.txt").write_text(record_text(graph, qp))
+    status.update(export_deploy_mindir(quantized_graph(graph, qp), kdir))
     status.update(fp32_onnx="graph.onnx", deploy_onnx="deploy.onnx", record="record.txt",
                   int8_ops=len(qp.ops), input_name=cfg.model.input_name)
     write_json(kdir / "export.json", status)
