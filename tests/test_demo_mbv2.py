@@ -4,6 +4,7 @@ import shutil
 from pathlib import Path
 
 from conftest import REPO, copy_project, run_doit, task_lines
+from test_deploy import check_built_deploy
 
 
 def test_mobilenet_demo_trains_and_passes_the_gate(tmp_path):
@@ -25,6 +26,7 @@ def test_mobilenet_demo_trains_and_passes_the_gate(tmp_path):
     for name in ("deploy.onnx", "deploy.mindir", "deploy_net.py", "record.txt", "graph.onnx"):
         assert (kdir / name).is_file(), name
     assert json.loads((kdir / "export.json").read_text())["int8_ops"] == 18
+    assert check_built_deploy(kdir, project / "eval_data") == 10
     metrics = json.loads((example / "build" / "demo" / "digits_mbv2.metrics.json").read_text())
     gate = latest["gate"]
     assert gate["passed"] and gate["fp32_top1"] == metrics["heldout_top1"] >= 0.97  # the stated accuracy
