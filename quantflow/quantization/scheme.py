@@ -1,7 +1,8 @@
 """The Ascend INT8 scheme: how quantflow chooses the parameters of a quantized Conv2D / MatMul.
 
 What the device computes with them (AscendQuant -> int8 cube op -> AscendDequant) is written
-once, as ONNX, in ``quantflow.engine.int8_emulator``; the README lists the roundings modelled.
+once, in the registry's Quant / Conv2D / MatMul / Dequant entries (``quantflow.ops.quant``); the
+README lists the roundings modelled.
 
 - Input activation: per-tensor asymmetric int8, ``scale_d`` and integer ``offset_d`` so that
   [lo, hi] (widened to hold 0) maps onto [-128, 127]: ``q = round(x / scale_d + offset_d)``.
