@@ -15,6 +15,7 @@ from ..backends import aipp
 from ..engine.float_runner import float_runner
 from ..engine.int8_emulator import Emulator
 from ..images import load_images, preprocess, scan_class_folders
+from ..progress import progress
 
 
 def eval_items(cfg):
@@ -60,10 +61,12 @@ def evaluate(cfg, graph, folded, qparams, aipp_params: dict) -> dict:
     fp32, int8 = float_runner(graph), Emulator(folded, qparams)
     fp, q = [], []
     bs = cfg.evaluation.batch_size
-    for s in range(0, len(paths), bs):  # one batch of images in memory at a time
-        images = load_images(paths[s:s + bs], c, h, w)
-        fp.append(fp32.run(preprocess(images, n.mean, n.std, n.scale, n.channel_order))[graph.outputs[0]])
-        q.append(int8.logits(aipp_batch(aipp_params, images, cfg.aipp.input_channel_order)))
+    with progress(len(paths), "gate: FP32 and INT8") as bar:
+        for s in range(0, len(paths), bs):  # one batch of images in memory at a time
+            images = load_images(paths[s:s + bs], c, h, w)
+            fp.append(fp32.run(preprocess(images, n.mean, n.std, n.scale, n.channel_order))[graph.outputs[0]])
+            q.append(int8.logits(aipp_batch(aipp_params, images, cfg.aipp.input_channel_order)))
+            bar.update(len(images))
     fp_all = np.concatenate(fp).reshape(len(paths), -1).astype(np.float64)
     q_all = np.concatenate(q).reshape(len(paths), -1).astype(np.float64)
     report = compare(fp_all, q_all, labels, cfg.evaluation.threshold)

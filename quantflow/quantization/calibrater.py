@@ -13,6 +13,7 @@ from ..engine.float_runner import float_runner
 from ..errors import DataError
 from ..ir import Graph, Node
 from ..ops import get as get_op
+from ..progress import progress
 from . import scheme
 from .qparams import QuantizedOp, QuantParams
 from .ranges import Observer
@@ -39,24 +40,26 @@ class Calibrater:
         self.runner = float_runner(graph, self.tensors)
         self.images = 0
 
-    def _pass(self, batches) -> None:
-        for x in batches:
-            outs = self.runner.run(x, self.tensors)
-            for t in self.tensors:
-                try:
-                    self.observers[t].observe(outs[t])
-                except FloatingPointError as err:
-                    raise DataError(f"calibration: {err}") from None
-            self.images += len(x)
+    def _pass(self, batches, desc: str) -> None:
+        with progress(len(batches) if hasattr(batches, "__len__") else None, desc) as bar:
+            for x in batches:
+                outs = self.runner.run(x, self.tensors)
+                for t in self.tensors:
+                    try:
+                        self.observers[t].observe(outs[t])
+                    except FloatingPointError as err:
+                        raise DataError(f"calibration: {err}") from None
+                self.images += len(x)
+                bar.update(len(x))
 
     def collect(self, batches) -> None:
         """Two passes over ``batches`` (a re-iterable of float N,C,H,W arrays)."""
-        self._pass(batches)
+        self._pass(batches, "calibration: ranges")
         if self.images == 0:
             raise DataError("calibration: no calibration images")
         for obs in self.observers.values():
             obs.start_histograms()
-        self._pass(batches)
+        self._pass(batches, "calibration: histograms")
 
     def ranges(self, method: str, percentile: float = 99.99) -> dict[str, tuple[float, float]]:
         return {t: obs.range(method, percentile) for t, obs in self.observers.items()}
