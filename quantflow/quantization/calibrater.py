@@ -52,11 +52,14 @@ class Calibrater:
                 self.images += len(x)
                 bar.update(len(x))
 
-    def collect(self, batches) -> None:
-        """Two passes over ``batches`` (a re-iterable of float N,C,H,W arrays)."""
+    def collect(self, batches, histograms: bool = True) -> None:
+        """Two passes over ``batches`` (a re-iterable of float N,C,H,W arrays): ranges, then histograms
+        over them (the percentile and KL methods need them; minmax does not)."""
         self._pass(batches, "calibration: ranges")
         if self.images == 0:
             raise DataError("calibration: no calibration images")
+        if not histograms:
+            return
         for obs in self.observers.values():
             obs.start_histograms()
         self._pass(batches, "calibration: histograms")
@@ -95,5 +98,5 @@ def quantize(graph: Graph, ranges: dict[str, tuple[float, float]], method: str,
 def calibrate(graph: Graph, batches, method: str, percentile: float = 99.99, bins: int = 2048) -> QuantParams:
     """Observe ``batches`` on the (folded) ``graph`` and compute every quantized op's parameters."""
     cal = Calibrater(graph, bins)
-    cal.collect(batches)
+    cal.collect(batches, histograms=method != "minmax")
     return quantize(graph, cal.ranges(method, percentile), method, cal.observers)

@@ -27,16 +27,18 @@ class Observer:
         return float(max(abs(self.lo), abs(self.hi)))
 
     def observe(self, x) -> None:
-        x = np.asarray(x, dtype=np.float64).ravel()
+        x = np.asarray(x).ravel()
         if x.size == 0:
             return
-        if not np.all(np.isfinite(x)):
-            raise FloatingPointError(f"observer {self.name}: non-finite activations (NaN/Inf) in the calibration run")
         if self.phase == "range":
-            self.lo = min(self.lo, float(x.min()))
-            self.hi = max(self.hi, float(x.max()))
+            lo, hi = float(x.min()), float(x.max())  # NaN propagates through min/max; Inf shows in them
+            if not (np.isfinite(lo) and np.isfinite(hi)):
+                raise FloatingPointError(
+                    f"observer {self.name}: non-finite activations (NaN/Inf) in the calibration run")
+            self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
             self.count += x.size
         else:
+            x = x.astype(np.float64)
             lo, hi = self.lo, self.hi
             if hi <= lo:
                 hi = lo + 1e-12

@@ -1,0 +1,144 @@
+"""Benchmark: quantflow against onnxruntime on the same graphs and images (one table, one run).
+
+    python -m quantflow.bench                       # DigitsNet, the MobileNetV2 demo, ResNet-18 at 224
+    python -m quantflow.bench --models digits --images 200 --eval 359
+
+For each network (random weights: speed does not depend on them), exported from MindSpore at batch
+32 and read into quantflow's IR:
+
+- calibration: quantflow's Calibrater (minmax and kl) vs onnxruntime.quantization.quantize_static
+  (MinMax, QDQ, per-channel) on the same images in the same batches;
+- INT8 throughput: quantflow's bit-exact Ascend emulation vs onnxruntime running its own INT8 QDQ model;
+- FP32 throughput: the IR as ONNX in onnxruntime;
+- the process's peak resident memory after each network.
+"""
+from __future__ import annotations
+
+import argparse
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+BATCH = 32
+MODELS = {  # name: (factory, input size, calibration images, evaluation images)
+    "digits": ("quantflow.demo.net:build", 32, 200, 359),
+    "mbv2": ("quantflow.demo.mbv2:build", 32, 200, 359),
+    "resnet18": ("mindcv:resnet18", 224, 256, 256),
+}
+
+
+def _network(factory: str):
+    module, _, name = factory.partition(":")
+    if module == "mindcv":
+        from .demo.zoo import create
+        return create(name)
+    import importlib
+    return getattr(importlib.import_module(module), name)(num_classes=10)
+
+
+def _timed(fn):
+    t = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t
+
+
+def _ort_quantize(fp32_onnx: Path, out: Path, batches: list[np.ndarray], input_name: str) -> float:
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(batches)
+
+        def get_next(self):
+            x = next(self.it, None)
+            return None if x is None else {input_name: x}
+
+    _, seconds = _timed(lambda: quantize_static(str(fp32_onnx), str(out), Reader(), quant_format=QuantFormat.QDQ,
+                                                per_channel=True, calibrate_method=CalibrationMethod.MinMax))
+    return seconds
+
+
+def _throughput(run, x: np.ndarray) -> float:
+    run(x[:BATCH])  # warm-up
+    _, seconds = _timed(lambda: run(x))
+    return len(x) / seconds
+
+
+def bench_model(name: str, images: int | None, evals: int | None, workdir: Path) -> dict:
+    import onnx
+    import onnxruntime as ort
+
+    from .backends.export import export_mindir
+    from .demo.zoo import randomize
+    from .engine.float_runner import Runner, float_runner, to_onnx
+    from .engine.int8_emulator import Emulator
+    from .frontends.mindir import read_mindir
+    from .quantization.calibrater import calibrate
+    from .quantization.passes import fold_for_quantization
+
+    factory, size, n_cal, n_eval = MODELS[name]
+    n_cal, n_eval = images or n_cal, evals or n_eval
+    mindir = export_mindir(randomize(_network(factory)), (BATCH, 3, size, size), workdir / f"{name}.mindir")
+    graph = read_mindir(mindir)
+    folded = fold_for_quantization(graph)
+    rng = np.random.default_rng(0)
+    cal = [rng.normal(size=(min(BATCH, n_cal - s), 3, size, size)).astype(np.float32) for s in range(0, n_cal, BATCH)]
+    cal_full = [np.concatenate([c, np.zeros((BATCH - len(c),) + c.shape[1:], np.float32)]) for c in cal]
+    x_eval = rng.normal(size=(n_eval, 3, size, size)).astype(np.float32)
+
+    row = {"model": name, "input": f"{size}x{size}", "cal_images": n_cal, "eval_images": n_eval}
+    qp, row["qf_cal_minmax_s"] = _timed(lambda: calibrate(folded, cal, "minmax"))
+    _, row["qf_cal_kl_s"] = _timed(lambda: calibrate(folded, cal, "kl"))
+
+    fp32_path = workdir / f"{name}_fp32.onnx"
+    onnx.save(to_onnx(fold_for_quantization(graph), input_name="x"), str(fp32_path))
+    qdq_path = workdir / f"{name}_qdq.onnx"
+    row["ort_cal_s"] = _ort_quantize(fp32_path, qdq_path, cal_full, "x")
+
+    emulator = Emulator(folded, qp)
+    row["qf_int8_ips"] = _throughput(emulator.logits, x_eval.astype(np.float16))
+    ort_int8 = Runner(onnx.load(str(qdq_path)), "x", BATCH)
+    row["ort_int8_ips"] = _throughput(ort_int8.run, x_eval)
+    fp32 = float_runner(graph)
+    row["fp32_ips"] = _throughput(fp32.run, x_eval)
+    row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    row["ort_threads"] = ort.SessionOptions().intra_op_num_threads or "default"
+    return row
+
+
+def format_table(rows: list[dict]) -> str:
+    head = (f"{'model':<9} {'input':>7} {'cal img':>7} | {'qf minmax s':>11} {'qf kl s':>8} {'ort s':>7} "
+            f"{'ratio':>6} | {'qf int8 img/s':>13} {'ort int8 img/s':>14} {'ratio':>6} | {'fp32 img/s':>10} "
+            f"| {'peak RSS MB':>11}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['model']:<9} {r['input']:>7} {r['cal_images']:>7} | {r['qf_cal_minmax_s']:>11.2f} "
+            f"{r['qf_cal_kl_s']:>8.2f} {r['ort_cal_s']:>7.2f} {r['qf_cal_minmax_s'] / r['ort_cal_s']:>5.2f}x | "
+            f"{r['qf_int8_ips']:>13.0f} {r['ort_int8_ips']:>14.0f} {r['qf_int8_ips'] / r['ort_int8_ips']:>5.2f}x | "
+            f"{r['fp32_ips']:>10.0f} | {r['peak_rss_mb']:>11.0f}")
+    lines.append("ratio: quantflow minmax calibration time / onnxruntime quantize_static time (lower is better); "
+                 "quantflow INT8 emulation throughput / onnxruntime INT8 QDQ throughput (higher is better)")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
+    ap.add_argument("--images", type=int, default=None, help="calibration images (default per model)")
+    ap.add_argument("--eval", type=int, default=None, help="images for the throughput runs (default per model)")
+    a = ap.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in a.models.split(","):
+            rows.append(bench_model(name.strip(), a.images, a.eval, Path(tmp)))
+            print(format_table(rows[-1:]).splitlines()[2], flush=True)
+    print()
+    print(format_table(rows))
+
+
+if __name__ == "__main__":
+    main()
