@@ -6,7 +6,8 @@ from a deploy MindIR) as
     Quant(x) -> int8  ->  Conv2D / MatMul (int8 weight, int32 bias, ``offset_x``) -> int32  ->  Dequant -> float16
 
 Each lowers two ways: for the ``device`` target as the ONNX deploy operators atc compiles
-(AscendQuant, Conv/Gemm on int8, AscendDequant), otherwise as the arithmetic the device performs:
+(AscendQuant, Conv/Gemm on int8, AscendDequant), otherwise as the arithmetic the device performs
+(there the int8 tensor between Quant and the cube is carried as exact float32 values):
 
 - Quant: ``q = saturate_int8(round_half_even(fp16(fp16(x * fp16(scale)) + fp16(offset))))``.
   TBE ascend_quant.py (ascend_quant_compute -> _compute_scale / _compute_offset, CANN 8.1.RC1): cast
@@ -59,8 +60,9 @@ def _quant_onnx(node, b):
     scale = b.const(np.float32(np.float16(np.float32(a["scale"]))), "quant_scale")
     offset = b.const(np.float32(np.float16(a["offset"])), "quant_offset")
     t = round16(b, b.add("Add", [round16(b, b.add("Mul", [node.inputs[0], scale])), offset]))
-    q = b.add("Clip", [b.add("Round", [t]), b.const(np.float32(-128), "qmin"), b.const(np.float32(127), "qmax")])
-    b.add("Cast", [q], node.outputs[0], to=TensorProto.INT8)
+    # the int8 values stay in float32 (exact): the cube lowering below reads them as they are
+    b.add("Clip", [b.add("Round", [t]), b.const(np.float32(-128), "qmin"), b.const(np.float32(127), "qmax")],
+          node.outputs[0])
 
 
 def _quant_ms(node, w):
@@ -122,7 +124,7 @@ def int8_cube_onnx(node, b, float_lowering, device_op: str, device_attrs: dict) 
     axis = node.attrs["channel_axis"]
     wf = b.const(w_q.astype(np.float32), "weight_q")
     per_channel = np.abs(np.moveaxis(w_q.astype(np.int64), axis, 0)).reshape(w_q.shape[axis], -1).sum(axis=1).max()
-    v = b.add("Sub", [b.add("Cast", [x], to=TensorProto.FLOAT), b.const(np.float32(node.attrs["offset_x"]), "offset_x")])
+    v = b.add("Sub", [x, b.const(np.float32(node.attrs["offset_x"]), "offset_x")])  # x: Quant's int8 values, as float
 
     def product(inp: str) -> str:
         sub = copy.copy(node)
