@@ -6,10 +6,10 @@ r"""The quantflow doit task graph.
                                   \--------------------> gate
 
 ``train`` and ``sample`` are tracked by doit (file dependencies and config sections).  Every
-later stage writes into ``<output_dir>/artifacts/<key>/`` where the key is a content hash of
-the checkpoint (or MindIR), configuration, calibration manifest, evaluation images, AIPP source and tool
-versions (quantflow.pipeline.cache); those tasks are created once ``sample`` has run, and are up to
-date exactly when their outputs and completion marker exist under the current key.
+later stage writes into ``<output_dir>/artifacts/<stage>/<key>/`` where the key hashes that
+stage's own inputs and the keys of the stages it reads from (quantflow.pipeline.cache); those
+tasks are created once ``sample`` has run, and are up to date exactly when their outputs and
+completion marker exist under their current key.
 """
 from __future__ import annotations
 
@@ -51,16 +51,22 @@ def manifest_path() -> Path:
     return cfg().out / "calibration" / "manifest.json"
 
 
-def current_key() -> tuple[str, Path]:
-    """The artifact key, computed once the checkpoint and the manifest exist."""
-    if "key" not in _state:
-        inputs = cache.key_inputs(cfg(), manifest_path())
+def stage_key(stage: str) -> tuple[str, Path]:
+    """A keyed stage's artifact key and folder (computed once the checkpoint and the manifest exist)."""
+    keys = _state.setdefault("keys", {})
+    if stage not in keys:
+        upstream = {u: stage_key(u)[0] for u in cache.UPSTREAM[stage]}
+        inputs = cache.stage_inputs(cfg(), stage, manifest_path(), upstream)
         key = cache.artifact_key(inputs)
-        kdir = cache.artifact_dir(cfg(), key)
+        kdir = cache.artifact_dir(cfg(), stage, key)
         kdir.mkdir(parents=True, exist_ok=True)
         (kdir / "key_inputs.json").write_text(json.dumps(inputs, indent=2, sort_keys=True) + "\n")
-        _state["key"] = (key, kdir)
-    return _state["key"]
+        keys[stage] = (key, kdir)
+    return keys[stage]
+
+
+def stage_dir(stage: str) -> Path:
+    return stage_key(stage)[1]
 
 
 def guarded(fn):
@@ -121,7 +127,7 @@ def do_sample():
 def do_graph():
     from quantflow.pipeline.stages import graph_stage
 
-    _, kdir = current_key()
+    kdir = stage_dir("graph")
     info = graph_stage(cfg(), kdir, _calibration_paths())
     v = info["verify"]
     ops = ", ".join(f"{k} {n}" for k, n in info["ops"].items())
@@ -138,8 +144,8 @@ def do_graph():
 def do_calibrate():
     from quantflow.pipeline.stages import calibrate_stage
 
-    _, kdir = current_key()
-    qp, images, table = calibrate_stage(cfg(), kdir, _calibration_paths())
+    kdir = stage_dir("calibrate")
+    qp, images, table = calibrate_stage(cfg(), kdir, _calibration_paths(), stage_dir("graph"))
     print(f"calibrated {len(qp.ops)} INT8 ops with {qp.method} on {images} images -> {kdir / 'qparams.json'}\n{table}")
     cache.mark_done(kdir, "calibrate")
 
@@ -148,8 +154,8 @@ def do_calibrate():
 def do_export():
     from quantflow.pipeline.stages import export_stage
 
-    _, kdir = current_key()
-    st = export_stage(cfg(), kdir)
+    kdir = stage_dir("export")
+    st = export_stage(cfg(), kdir, stage_dir("graph"), stage_dir("calibrate"))
     print(f"exported INT8 deploy graph ({st['int8_ops']} AscendQuant/AscendDequant pairs) -> {kdir / st['deploy_onnx']}, "
           f"{kdir / st['deploy_mindir']} (network source {st['deploy_net']}), AMCT record -> {kdir / st['record']}")
     if not st["deploy_air"]:
@@ -167,7 +173,7 @@ def do_aipp():
     from quantflow.backends.aipp import build_and_verify
 
     c = cfg()
-    _, kdir = current_key()
+    kdir = stage_dir("aipp")
     report = build_and_verify(c, _calibration_paths(), kdir / "aipp.cfg")
     _write_json(kdir / "aipp_check.json", report)
     print(f"AIPP config {kdir / 'aipp.cfg'} verified on {report['images']} calibration images "
@@ -185,16 +191,15 @@ def _atc_state() -> dict:
 def do_atc():
     from quantflow.pipeline.stages import atc_stage
 
-    _, kdir = current_key()
-    atc_stage(cfg(), kdir)
+    kdir = stage_dir("atc")
+    atc_stage(cfg(), kdir, stage_dir("export"), stage_dir("aipp"))
     cache.mark_done(kdir, "atc")
 
 
 def _atc_uptodate() -> bool:
     """The cached atc result stands only while atc's availability is unchanged."""
-    _, kdir = current_key()
     try:
-        recorded = json.loads((kdir / "atc.json").read_text())
+        recorded = json.loads((stage_dir("atc") / "atc.json").read_text())
     except (OSError, ValueError):
         return False
     return recorded.get("atc") == _atc_state()["atc"]
@@ -204,34 +209,37 @@ def _atc_uptodate() -> bool:
 def do_gate():
     from quantflow.pipeline.stages import gate_stage
 
-    _, kdir = current_key()
-    gate_stage(cfg(), kdir)
+    kdir = stage_dir("gate")
+    gate_stage(cfg(), kdir, stage_dir("graph"), stage_dir("calibrate"), stage_dir("aipp"))
     cache.mark_done(kdir, "gate")
 
 
 def _summary() -> dict:
-    key, kdir = current_key()
-    atc = json.loads((kdir / "atc.json").read_text())
-    gate = json.loads((kdir / "accuracy_report.json").read_text())
-    export = json.loads((kdir / "export.json").read_text())
-    rel = lambda name: str(kdir / name) if name else None  # noqa: E731
-    return {"key": key, "artifacts": str(kdir), "qparams": rel("qparams.json"),
-            "mindir": rel(export["mindir"]), "air": rel(export["air"]), "graph_onnx": rel("graph.onnx"),
-            "deploy_onnx": rel(export["deploy_onnx"]), "deploy_mindir": rel(export["deploy_mindir"]),
-            "deploy_air": rel(export.get("deploy_air")), "record": rel(export["record"]),
-            "aipp_config": rel("aipp.cfg"), "om": rel(atc.get("om")),
+    d = {stage: stage_dir(stage) for stage in cache.UPSTREAM}
+    atc = json.loads((d["atc"] / "atc.json").read_text())
+    gate = json.loads((d["gate"] / "accuracy_report.json").read_text())
+    export = json.loads((d["export"] / "export.json").read_text())
+
+    def path(stage: str, name: str | None) -> str | None:
+        return str(d[stage] / name) if name else None
+
+    return {"keys": {stage: stage_key(stage)[0] for stage in d}, "artifacts": {stage: str(p) for stage, p in d.items()},
+            "qparams": path("calibrate", "qparams.json"), "graph_onnx": path("graph", "graph.onnx"),
+            "deploy_onnx": path("export", export["deploy_onnx"]), "deploy_mindir": path("export", export["deploy_mindir"]),
+            "deploy_air": path("export", export.get("deploy_air")), "record": path("export", export["record"]),
+            "mindir": path("export", export["mindir"]), "air": path("export", export["air"]),
+            "aipp_config": path("aipp", "aipp.cfg"), "om": path("atc", atc.get("om")),
             "atc": atc["status"] if atc["status"] != "skipped" else f"skipped: {atc['reason']}",
             "gate": {k: gate[k] for k in ("passed", "fp32_top1", "int8_top1", "drop", "threshold")},
-            "accuracy_report": rel("accuracy_report.txt")}
+            "accuracy_report": path("gate", "accuracy_report.txt")}
 
 
 def do_summary():
     s = _summary()
     _write_json(cfg().out / "latest.json", s)
-    print(f"artifacts ({s['key']}): {s['artifacts']}")
+    print("artifacts: " + ", ".join(f"{stage} {key}" for stage, key in s["keys"].items()))
     for k in ("qparams", "deploy_onnx", "deploy_mindir", "deploy_air", "record", "mindir", "graph_onnx", "air",
-              "aipp_config", "om",
-              "accuracy_report"):
+              "aipp_config", "om", "accuracy_report"):
         print(f"  {k:<16} {s[k] or '-'}")
     print(f"  {'atc':<16} {s['atc']}")
     g = s["gate"]
@@ -284,7 +292,7 @@ def task_sample():
 
 
 def _keyed(name: str, action, outputs: list[str], task_dep: list[str], doc: str, uptodate=None) -> dict:
-    _, kdir = current_key()
+    kdir = stage_dir(name)
     return {
         "doc": doc,
         "actions": [action],

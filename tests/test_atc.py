@@ -141,7 +141,9 @@ def atc_stage(tmp_path, monkeypatch):
     kdir = tmp_path / "build" / "artifacts" / "k"
     kdir.mkdir(parents=True)
     (kdir / "aipp.cfg").write_text("aipp_op {\n}\n")
-    monkeypatch.setattr(pipeline, "_state", {"cfg": cfg, "key": ("k", kdir)})
+    from quantflow.pipeline.cache import UPSTREAM
+    # every stage's folder is kdir: export.json and aipp.cfg sit beside atc.json
+    monkeypatch.setattr(pipeline, "_state", {"cfg": cfg, "keys": {stage: ("k", kdir) for stage in UPSTREAM}})
     return pipeline, kdir
 
 

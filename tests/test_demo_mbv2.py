@@ -16,17 +16,17 @@ def test_mobilenet_demo_trains_and_passes_the_gate(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert task_lines(proc.stdout)["train"] == "ran"
     latest = json.loads((example / "build" / "latest.json").read_text())
-    kdir = Path(latest["artifacts"])
-    graph = json.loads((kdir / "graph.json").read_text())
+    dirs = {k: Path(v) for k, v in latest["artifacts"].items()}
+    graph = json.loads((dirs["graph"] / "graph.json").read_text())
     assert graph["ops"]["Add"] == 3 and graph["ops"]["ReLU6"] >= 10  # residual adds, ReLU6 activations
     assert graph["float16_assumed_ops"] == ["ReduceMean"]  # the global average pool
-    qparams = json.loads((kdir / "qparams.json").read_text())["ops"]
+    qparams = json.loads((dirs["calibrate"] / "qparams.json").read_text())["ops"]
     depthwise = [q for q in qparams if q["op"] == "Conv2D" and q["weight_shape"][1] == 1]
     assert len(depthwise) == 5 and len(qparams) == 18
     for name in ("deploy.onnx", "deploy.mindir", "deploy_net.py", "record.txt", "graph.onnx"):
-        assert (kdir / name).is_file(), name
-    assert json.loads((kdir / "export.json").read_text())["int8_ops"] == 18
-    assert check_built_deploy(kdir, project / "eval_data") == 10
+        assert (dirs["export"] / name).is_file(), name
+    assert json.loads((dirs["export"] / "export.json").read_text())["int8_ops"] == 18
+    assert check_built_deploy(latest, project / "eval_data") == 10
     metrics = json.loads((example / "build" / "demo" / "digits_mbv2.metrics.json").read_text())
     gate = latest["gate"]
     assert gate["passed"] and gate["fp32_top1"] == metrics["heldout_top1"] >= 0.97  # the stated accuracy

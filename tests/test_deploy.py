@@ -100,16 +100,19 @@ def test_record_file_has_one_record_per_quantized_layer(tmp_path):
     assert "channels: 3" in first and "height: 16" in first and "width: 16" in first
 
 
-def check_built_deploy(kdir: Path, eval_dir: Path, every: int = 36) -> int:
-    """A `doit` build's deploy.onnx and deploy.mindir, run from uint8 eval images through its AIPP config,
-    equal the emulation the gate used, bit for bit; returns the number of images compared."""
+def check_built_deploy(latest: dict, eval_dir: Path, every: int = 36) -> int:
+    """A `doit` build's deploy.onnx and deploy.mindir (``latest``: its latest.json), run from uint8 eval
+    images through its AIPP config, equal the emulation the gate used, bit for bit; returns the number
+    of images compared."""
+    dirs = {k: Path(v) for k, v in latest["artifacts"].items()}
+    kdir = dirs["export"]
     model = onnx.load(str(kdir / "deploy.onnx"))
     check_deploy(model)
-    graph = fold_for_quantization(read_mindir(kdir / "model.mindir"))
-    qp = QuantParams.load(kdir)
+    graph = fold_for_quantization(read_mindir(dirs["graph"] / "model.mindir"))
+    qp = QuantParams.load(dirs["calibrate"])
     items = scan_class_folders(eval_dir, 10)[::every]
     images = load_images([i.path for i in items], 3, 32, 32)
-    x16 = aipp_batch(parse((kdir / "aipp.cfg").read_text()), images, "BGR").astype(np.float16)
+    x16 = aipp_batch(parse((dirs["aipp"] / "aipp.cfg").read_text()), images, "BGR").astype(np.float16)
     emulated = Emulator(graph, qp).logits(x16)
     got = np.concatenate([deploy_interpreter.run(model, x16[i:i + 1])[0] for i in range(len(x16))])
     np.testing.assert_array_equal(got, emulated)
@@ -120,5 +123,5 @@ def check_built_deploy(kdir: Path, eval_dir: Path, every: int = 36) -> int:
 
 def test_demo_deploy_graph_matches_the_gated_emulation(built_demo, demo_cfg):
     """DigitsNet's deploy graphs from `doit` compute what the gate emulated."""
-    kdir = Path(json.loads((built_demo[0] / "build" / "latest.json").read_text())["artifacts"])
-    assert check_built_deploy(kdir, demo_cfg.path(demo_cfg.evaluation.data_dir)) == 10
+    latest = json.loads((built_demo[0] / "build" / "latest.json").read_text())
+    assert check_built_deploy(latest, demo_cfg.path(demo_cfg.evaluation.data_dir)) == 10

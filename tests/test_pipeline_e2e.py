@@ -3,6 +3,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from conftest import run_doit, task_lines
 
 ALL = ["train", "sample", "graph", "calibrate", "export", "aipp", "atc", "gate", "summary"]
@@ -23,23 +25,29 @@ def test_first_run_executes_every_stage(built_demo):
     assert "SKIPPED atc conversion for Ascend310P3" in out and "no .om was written" in out
     assert not list((project / "build").rglob("*.om"))
     s = latest(project)
-    kdir = Path(s["artifacts"])
-    for name in ["graph.json", "graph.onnx", "deploy.onnx", "deploy.mindir", "deploy_net.py", "record.txt", "qparams.json", "qparams.npz", "model.mindir", "aipp.cfg",
-                 "aipp_check.json", "atc.json", "accuracy_report.json", "accuracy_report.txt", "key_inputs.json"]:
-        assert (kdir / name).is_file(), name
+    dirs = {stage: Path(d) for stage, d in s["artifacts"].items()}
+    expected = {"graph": ["graph.json", "graph.onnx", "model.mindir"], "calibrate": ["qparams.json", "qparams.npz"],
+                "export": ["deploy.onnx", "deploy.mindir", "deploy_net.py", "record.txt", "model.mindir", "graph.onnx"],
+                "aipp": ["aipp.cfg", "aipp_check.json"], "atc": ["atc.json"],
+                "gate": ["accuracy_report.json", "accuracy_report.txt"]}
+    for stage, names in expected.items():
+        for name in names + ["key_inputs.json"]:
+            assert (dirs[stage] / name).is_file(), (stage, name)
     assert s["om"] is None and s["air"] is None and s["atc"].startswith("skipped: ")
+    kdir = dirs["graph"]
     graph = json.loads((kdir / "graph.json").read_text())
     assert graph["ops"]["Conv2D"] == 2 and graph["verify"]["relative_diff"] < 1e-3
     assert graph["float16_assumed_ops"] == []  # BatchNorm folded; the rest is exact in float16
-    qparams = json.loads((kdir / "qparams.json").read_text())
+    qparams = json.loads((dirs["calibrate"] / "qparams.json").read_text())
     assert [q["op"] for q in qparams["ops"]] == ["Conv2D", "Conv2D", "MatMul", "MatMul"]
     assert s["gate"]["passed"] is True
     assert s["gate"]["fp32_top1"] >= 0.95  # the stated FP32 accuracy of the demo model
     assert s["gate"]["fp32_top1"] - s["gate"]["int8_top1"] <= 0.01
-    assert "accuracy gate: PASS" in (kdir / "accuracy_report.txt").read_text()
+    assert "accuracy gate: PASS" in (dirs["gate"] / "accuracy_report.txt").read_text()
     metrics = json.loads((project / "build" / "demo" / "digits.metrics.json").read_text())
     assert metrics["heldout_top1"] == s["gate"]["fp32_top1"]
-    assert re.fullmatch(r"[0-9a-f]{16}", s["key"]) and kdir.name == s["key"]
+    assert set(s["keys"]) == set(KEYED)
+    assert all(re.fullmatch(r"[0-9a-f]{16}", key) and dirs[stage].name == key for stage, key in s["keys"].items())
 
 
 def test_second_run_executes_no_task(built_demo):
@@ -49,27 +57,57 @@ def test_second_run_executes_no_task(built_demo):
     assert task_lines(proc.stdout) == {t: "up-to-date" for t in ALL}
 
 
-def test_changed_input_gets_a_new_key_and_reverting_finds_the_cache(built_demo):
+def _threshold(project: Path) -> Path:
+    return project / "quantflow.toml"
+
+
+def _aipp_template(project: Path) -> Path:
+    return project / "aipp_templates" / "static_rgb888_u8.cfg"
+
+
+def _sampled_image(project: Path) -> Path:
+    manifest = json.loads((project / "build" / "calibration" / "manifest.json").read_text())
+    return project / manifest["images"][0]["path"]
+
+
+def _edit(path: Path) -> None:
+    if path.suffix == ".toml":
+        path.write_text(path.read_text().replace("threshold = 0.01", "threshold = 0.02"))
+    elif path.suffix == ".cfg":
+        path.write_text(path.read_text() + "# edited\n")
+    else:
+        import cv2
+        img = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        img[0, 0] = 255 - img[0, 0]
+        cv2.imwrite(str(path), img)
+
+
+@pytest.mark.parametrize("target,rerun", [
+    (_threshold, {"gate"}),
+    (_aipp_template, {"aipp", "atc", "gate"}),  # the gate's INT8 path runs through the AIPP config
+    (_sampled_image, {"sample"} | set(KEYED)),
+])
+def test_a_change_reruns_only_what_depends_on_it_and_reverting_finds_the_cache(built_demo, target, rerun):
     project, _ = built_demo
-    toml = project / "quantflow.toml"
-    original = toml.read_text()
-    key_before = latest(project)["key"]
+    keys_before = latest(project)["keys"]
+    path = target(project)
+    original = path.read_bytes()
     try:
-        toml.write_text(original.replace("threshold = 0.01", "threshold = 0.02"))
+        _edit(path)
         proc = run_doit(project)
         assert proc.returncode == 0, proc.stdout[-3000:]
         status = task_lines(proc.stdout)
-        assert status["train"] == status["sample"] == "up-to-date"
-        assert all(status[t] == "ran" for t in KEYED + ["summary"])
-        assert latest(project)["key"] != key_before
+        assert {t for t, st in status.items() if st == "ran"} == rerun | {"summary"}, status
+        keys = latest(project)["keys"]
+        assert {stage for stage in KEYED if keys[stage] != keys_before[stage]} == rerun - {"sample"}
     finally:
-        toml.write_text(original)
+        path.write_bytes(original)
     proc = run_doit(project)
     assert proc.returncode == 0
     status = task_lines(proc.stdout)
-    assert all(status[t] == "up-to-date" for t in ["train", "sample"] + KEYED)
+    assert all(status[t] == "up-to-date" for t in KEYED), status
     assert status["summary"] == "ran"  # only latest.json is pointed back at the cached artifacts
-    assert latest(project)["key"] == key_before
+    assert latest(project)["keys"] == keys_before
 
 
 def test_broken_quantization_fails_the_gate(built_demo):
@@ -84,7 +122,7 @@ def test_broken_quantization_fails_the_gate(built_demo):
     assert "AccuracyGateError" in out and "exceeds evaluation.threshold 1.00" in out
     status = task_lines(proc.stdout)
     assert status["gate"] == "ran" and "summary" not in status
-    report = next(p for p in (project / "build" / "artifacts").glob("*/accuracy_report.json")
+    report = next(p for p in (project / "build" / "artifacts" / "gate").glob("*/accuracy_report.json")
                   if not json.loads(p.read_text())["passed"])
     assert not (report.parent / ".gate.done").exists()
     # a failed gate is not cached: the next run evaluates (and fails) again

@@ -28,11 +28,11 @@ def test_zoo_network_runs_through_doit(tmp_path, arch, expect):
     status = task_lines(proc.stdout)
     assert all(status[t] == "ran" for t in ("graph", "calibrate", "gate", "summary"))
     latest = json.loads((tmp_path / arch / "build" / "latest.json").read_text())
-    kdir = Path(latest["artifacts"])
-    graph = json.loads((kdir / "graph.json").read_text())
+    dirs = {k: Path(v) for k, v in latest["artifacts"].items()}
+    graph = json.loads((dirs["graph"] / "graph.json").read_text())
     assert expect <= set(graph["ops"]) and graph["verify"]["relative_diff"] < 1e-4
-    qparams = json.loads((kdir / "qparams.json").read_text())
+    qparams = json.loads((dirs["calibrate"] / "qparams.json").read_text())
     assert len(qparams["ops"]) == graph["ops"]["Conv2D"] + graph["ops"].get("MatMul", 0)
-    report = json.loads((kdir / "accuracy_report.json").read_text())
+    report = json.loads((dirs["gate"] / "accuracy_report.json").read_text())
     assert report["images"] == 20 and report["relative_logit_error"] < 0.2
     assert "SKIPPED atc conversion" in proc.stdout

@@ -1,10 +1,10 @@
 """Stage 7: content-addressed artifacts.
 
-Everything a build produces lives in ``<output_dir>/artifacts/<key>/``, where the key hashes
-the checkpoint bytes, the configuration, the calibration manifest (image hashes included),
-the evaluation images, the AIPP template / config file, and the tool versions (quantflow's
-own source included).  A stage whose completion marker exists under the key has nothing to
-do; changing any input gives a new key, and changing it back finds the old artifacts again.
+Every keyed stage writes ``<output_dir>/artifacts/<stage>/<key>/``, where the key hashes that
+stage's own inputs (content hashes of the files it reads, its configuration sections), the keys
+of the stages it reads from, and the tool versions (quantflow's own source included).  A stage
+whose completion marker exists under its key has nothing to do; a change reruns exactly the
+stages that depend on it, and changing it back finds the old artifacts again.
 """
 from __future__ import annotations
 
@@ -51,19 +51,41 @@ def folder_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-def key_inputs(cfg, manifest_path: Path) -> dict:
-    ckpt = cfg.path(cfg.model.checkpoint) if cfg.model.checkpoint else None
-    mindir = cfg.path(cfg.model.mindir) if cfg.model.mindir else None
-    aipp_src = cfg.path(cfg.aipp.config_file) if cfg.aipp.config_file else cfg.path(cfg.aipp.template)
-    return {
-        "checkpoint": file_sha256(ckpt) if ckpt and ckpt.is_file() else None,
-        "mindir": file_sha256(mindir) if mindir and mindir.is_file() else None,
-        "config": hashlib.sha256(cfg.canonical_json().encode()).hexdigest(),
-        "manifest": file_sha256(manifest_path) if Path(manifest_path).is_file() else None,
-        "eval_data": folder_digest(cfg.path(cfg.evaluation.data_dir)),
-        "aipp_source": file_sha256(aipp_src) if aipp_src.is_file() else None,
-        "tools": tool_versions(),
-    }
+# each keyed stage: the upstream stages whose keys enter its own key
+UPSTREAM = {
+    "graph": (),
+    "calibrate": ("graph",),
+    "export": ("calibrate",),
+    "aipp": (),
+    "atc": ("export", "aipp"),
+    "gate": ("calibrate", "aipp"),
+}
+
+
+def _file(path) -> str | None:
+    return file_sha256(path) if path is not None and Path(path).is_file() else None
+
+
+def stage_inputs(cfg, stage: str, manifest_path: Path, upstream: dict[str, str]) -> dict:
+    """What ``stage``'s artifacts depend on: its own inputs (content hashes, configuration sections) and the
+    keys of the stages it reads from; nothing else, so that a change reruns only what depends on it."""
+    c = cfg.model_dump(mode="json")
+    manifest = _file(manifest_path)
+    own = {
+        "graph": lambda: {"model": c["model"], "checkpoint": _file(cfg.model.checkpoint and cfg.path(cfg.model.checkpoint)),
+                          "mindir": _file(cfg.model.mindir and cfg.path(cfg.model.mindir)), "manifest": manifest,
+                          "normalization": c["normalization"]},
+        "calibrate": lambda: {"calibration": c["calibration"], "manifest": manifest, "normalization": c["normalization"]},
+        "export": lambda: {"input_name": cfg.model.input_name},
+        "aipp": lambda: {"aipp": c["aipp"], "normalization": c["normalization"], "manifest": manifest,
+                         "input_shape": c["model"]["input_shape"],
+                         "aipp_source": _file(cfg.path(cfg.aipp.config_file) if cfg.aipp.config_file
+                                              else cfg.path(cfg.aipp.template))},
+        "atc": lambda: {"build": c["build"], "input_name": cfg.model.input_name, "input_shape": c["model"]["input_shape"]},
+        "gate": lambda: {"evaluation": c["evaluation"], "eval_data": folder_digest(cfg.path(cfg.evaluation.data_dir)),
+                         "normalization": c["normalization"], "num_classes": cfg.model.num_classes},
+    }[stage]()
+    return {"stage": stage, "inputs": own, "upstream": upstream, "tools": tool_versions()}
 
 
 def artifact_key(inputs: dict) -> str:
@@ -71,8 +93,8 @@ def artifact_key(inputs: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]
 
 
-def artifact_dir(cfg, key: str) -> Path:
-    return cfg.out / "artifacts" / key
+def artifact_dir(cfg, stage: str, key: str) -> Path:
+    return cfg.out / "artifacts" / stage / key
 
 
 def done_marker(key_dir: Path, stage: str) -> Path:

@@ -1,4 +1,5 @@
-"""The stage logic behind the doit tasks; each takes the configuration and the artifact folder.
+"""The stage logic behind the doit tasks; each takes the configuration, its own artifact folder and
+the folders of the stages it reads from.
 
     graph      MindIR (exported from model.entry + model.checkpoint, or model.mindir) -> graph IR,
                whose float output is checked against MindSpore's on calibration images
@@ -26,14 +27,14 @@ def write_json(path: Path, data) -> None:
     tmp.replace(path)
 
 
-def mindir_path(cfg, kdir: Path) -> Path:
-    """The MindIR every stage reads: model.mindir as given, or the one exported into the artifacts."""
-    return cfg.path(cfg.model.mindir) if cfg.model.mindir else Path(kdir) / "model.mindir"
+def mindir_path(cfg, graph_dir: Path) -> Path:
+    """The MindIR every stage reads: model.mindir as given, or the one the graph stage exported."""
+    return cfg.path(cfg.model.mindir) if cfg.model.mindir else Path(graph_dir) / "model.mindir"
 
 
-def load_graph(cfg, kdir: Path):
+def load_graph(cfg, graph_dir: Path):
     from ..frontends.mindir import read_mindir
-    return read_mindir(mindir_path(cfg, kdir))
+    return read_mindir(mindir_path(cfg, graph_dir))
 
 
 # ----------------------------------------------------------------------------- graph
@@ -113,16 +114,16 @@ def graph_stage(cfg, kdir: Path, calibration_paths: list[Path]) -> dict:
 
 # ----------------------------------------------------------------------------- calibrate
 
-def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path]):
+def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path], graph_dir: Path):
     from ..quantization.calibrater import calibrate
     from ..quantization.passes import fold_for_quantization
 
     k = cfg.calibration
-    graph = fold_for_quantization(load_graph(cfg, kdir))
+    graph = fold_for_quantization(load_graph(cfg, graph_dir))
     batches = ImageBatches.for_config(cfg, calibration_paths, k.batch_size)
     qp = calibrate(graph, batches, k.method, k.percentile, k.histogram_bins)
     if not qp.ops:
-        raise UnsupportedNetworkError(f"{mindir_path(cfg, kdir)}: the network has no Conv2D or MatMul with constant "
+        raise UnsupportedNetworkError(f"{mindir_path(cfg, graph_dir)}: the network has no Conv2D or MatMul with constant "
                                       f"weights; nothing to quantize")
     qp.save(kdir)
     table = qp.table()
@@ -133,7 +134,7 @@ def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path]):
 
 # ----------------------------------------------------------------------------- export
 
-def export_stage(cfg, kdir: Path) -> dict:
+def export_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path) -> dict:
     """FP32: MindIR (and AIR where possible), plus the graph stage's FP32 ONNX.  INT8: the Ascend deploy
     graph as ONNX (checked by onnx.checker and shape inference) and as a MindSpore network (MindIR,
     and AIR where possible), and AMCT's record file."""
@@ -147,15 +148,16 @@ def export_stage(cfg, kdir: Path) -> dict:
     from ..quantization.qparams import QuantParams
 
     kdir = Path(kdir)
+    shutil.copyfile(mindir_path(cfg, graph_dir), kdir / "model.mindir")  # everything atc may read, in one place
+    shutil.copyfile(Path(graph_dir) / "graph.onnx", kdir / "graph.onnx")
     if cfg.model.mindir:
-        shutil.copyfile(cfg.path(cfg.model.mindir), kdir / "model.mindir")
         status = {"mindir": "model.mindir", "air": None,
                   "air_skipped": "model.mindir was given without model.entry: AIR is exported from the network"}
     else:
         from ..model import build_network
         status = {"mindir": "model.mindir", **export_air(build_network(cfg), cfg.model.input_shape, kdir, "model")}
-    graph = fold_for_quantization(load_graph(cfg, kdir))
-    qp = QuantParams.load(kdir)
+    graph = fold_for_quantization(load_graph(cfg, graph_dir))
+    qp = QuantParams.load(calibrate_dir)
     deploy = deploy_model(graph, qp, cfg.model.input_name)
     check_deploy(deploy)
     onnx.save(deploy, str(kdir / "deploy.onnx"))
@@ -176,11 +178,11 @@ def atc_model(cfg, export: dict) -> tuple[str, int]:
 
 # ----------------------------------------------------------------------------- atc
 
-def atc_stage(cfg, kdir: Path) -> dict:
+def atc_stage(cfg, kdir: Path, export_dir: Path, aipp_dir: Path) -> dict:
     from ..backends.atc import atc_command, find_atc, not_found_reason, run_atc
 
-    kdir = Path(kdir)
-    export = json.loads((kdir / "export.json").read_text())
+    kdir, export_dir = Path(kdir), Path(export_dir)
+    export = json.loads((export_dir / "export.json").read_text())
     atc = find_atc()
     status = {"atc": str(atc) if atc else None, "soc_version": cfg.build.soc_version, "model": cfg.build.atc_model,
               "om": None, "command": None}
@@ -190,7 +192,7 @@ def atc_stage(cfg, kdir: Path) -> dict:
         status.update(status="skipped", reason=not_found_reason())
     else:
         prefix = kdir / "model"
-        cmd = atc_command(atc, kdir / model, framework, prefix, cfg.build.soc_version, kdir / "aipp.cfg",
+        cmd = atc_command(atc, export_dir / model, framework, prefix, cfg.build.soc_version, Path(aipp_dir) / "aipp.cfg",
                           cfg.build.precision_mode, cfg.model.input_name, cfg.model.input_shape)
         status["command"] = cmd
         print("running: " + " ".join(cmd))
@@ -210,16 +212,16 @@ def atc_stage(cfg, kdir: Path) -> dict:
 
 # ----------------------------------------------------------------------------- gate
 
-def gate_stage(cfg, kdir: Path) -> dict:
+def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, aipp_dir: Path) -> dict:
     from ..backends.aipp import parse
     from ..quantization.passes import fold_for_quantization
     from ..quantization.qparams import QuantParams
     from .gate import evaluate, format_table, write_report
 
-    kdir = Path(kdir)
-    graph = load_graph(cfg, kdir)
-    aipp_params = parse((kdir / "aipp.cfg").read_text(), str(kdir / "aipp.cfg"))
-    report = evaluate(cfg, graph, fold_for_quantization(graph), QuantParams.load(kdir), aipp_params)
+    kdir, aipp_cfg = Path(kdir), Path(aipp_dir) / "aipp.cfg"
+    graph = load_graph(cfg, graph_dir)
+    aipp_params = parse(aipp_cfg.read_text(), str(aipp_cfg))
+    report = evaluate(cfg, graph, fold_for_quantization(graph), QuantParams.load(calibrate_dir), aipp_params)
     write_report(report, kdir / "accuracy_report.json", kdir / "accuracy_report.txt")
     print(format_table(report))
     if not report["passed"]:
