@@ -117,6 +117,10 @@ class EvaluationSection(_Section):
     data_dir: Path = Field(description="held-out per-class image folders for the accuracy gate")
     threshold: float = Field(ge=0.0, le=1.0, description="largest allowed top-1 accuracy drop (fraction, 0.01 = 1 point)")
     batch_size: int = Field(default=64, gt=0)
+    max_class_drop: Optional[float] = Field(
+        default=None, ge=0.0, le=1.0, description="largest allowed top-1 drop of any single class (off by default)")
+    allow_missing_classes: bool = Field(
+        default=False, description="let the gate run when some of the model's classes have no held-out images")
 
 
 class AippSection(_Section):

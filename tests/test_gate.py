@@ -3,6 +3,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from quantflow.backends.aipp import parse
 from quantflow.frontends.mindir import read_mindir
@@ -39,3 +40,33 @@ def test_demo_passes_and_a_tampered_quantization_fails(built_demo, demo_cfg):
     assert not bad["passed"]
     assert bad["drop"] > demo_cfg.evaluation.threshold
     assert bad["fp32_top1"] == good["fp32_top1"]
+
+
+def test_a_single_class_drop_can_fail_the_gate():
+    labels = np.array([0, 0, 1, 1, 2, 2, 2, 2])
+    fp = np.eye(3)[labels]
+    q = fp.copy()
+    q[2] = [1, 0, 0]  # one of class 1's two images lost: overall drop 1/8, class 1 drop 1/2
+    assert compare(fp, q, labels, threshold=0.2)["passed"]
+    r = compare(fp, q, labels, threshold=0.2, max_class_drop=0.25)
+    assert not r["passed"] and r["class_failures"] == ["1"]
+    assert "class 1 drops 50.00 points, more than evaluation.max_class_drop 25.00" in format_table(r)
+
+
+def test_a_class_without_held_out_images_is_an_error_unless_allowed(tmp_path):
+    import shutil
+    import tomllib
+
+    from quantflow.config import config_from_dict
+    from quantflow.errors import DataError
+    from quantflow.pipeline.gate import eval_items
+
+    repo = Path(__file__).resolve().parents[1]
+    shutil.copytree(repo / "eval_data", tmp_path / "eval_data")
+    shutil.rmtree(tmp_path / "eval_data" / "3")
+    d = tomllib.loads((repo / "quantflow.toml").read_text())
+    with pytest.raises(DataError, match=r"no held-out images for class\(es\) 3 of the model's 10"):
+        eval_items(config_from_dict(d, root=tmp_path))
+    d["evaluation"]["allow_missing_classes"] = True
+    paths, labels = eval_items(config_from_dict(d, root=tmp_path))
+    assert 3 not in labels and len(paths) == len(labels) > 300

@@ -14,13 +14,23 @@ import numpy as np
 from ..backends import aipp
 from ..engine.float_runner import float_runner
 from ..engine.int8_emulator import Emulator
+from ..errors import DataError
 from ..images import load_images, preprocess, scan_class_folders
 from ..progress import progress
 
 
 def eval_items(cfg):
-    items = scan_class_folders(cfg.path(cfg.evaluation.data_dir), cfg.model.num_classes)
-    return [i.path for i in items], np.array([i.label for i in items])
+    """The held-out images and labels; every class of the model must have some (unless allowed)."""
+    data_dir = cfg.path(cfg.evaluation.data_dir)
+    items = scan_class_folders(data_dir, cfg.model.num_classes)
+    labels = np.array([i.label for i in items])
+    missing = sorted(set(range(cfg.model.num_classes)) - set(labels.tolist()))
+    if missing and not cfg.evaluation.allow_missing_classes:
+        raise DataError(
+            f"evaluation.data_dir {data_dir}: no held-out images for class(es) {', '.join(map(str, missing))} of the "
+            f"model's {cfg.model.num_classes}; the gate would pass without testing them. Add images for them, or set "
+            f"evaluation.allow_missing_classes = true")
+    return [i.path for i in items], labels
 
 
 def aipp_batch(params: dict, images: np.ndarray, input_channel_order: str) -> np.ndarray:
@@ -28,7 +38,10 @@ def aipp_batch(params: dict, images: np.ndarray, input_channel_order: str) -> np
     return np.stack([aipp.apply(params, aipp.device_frame(img, input_channel_order)) for img in images])
 
 
-def compare(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, threshold: float) -> dict:
+def compare(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, threshold: float,
+            max_class_drop: float | None = None) -> dict:
+    """Top-1 of both, overall and per class; passes when the overall drop is within ``threshold`` and, when
+    ``max_class_drop`` is given, no class drops more than that."""
     fp_pred, q_pred = fp.argmax(1), q.argmax(1)
     fp_acc = float((fp_pred == labels).mean())
     q_acc = float((q_pred == labels).mean())
@@ -39,13 +52,17 @@ def compare(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, threshold: float)
         per_class[str(int(c))] = {"images": int(m.sum()), "fp32_top1": float((fp_pred[m] == c).mean()),
                                   "int8_top1": float((q_pred[m] == c).mean())}
     scale = np.abs(fp).max() if fp.size else 1.0
+    class_failures = [] if max_class_drop is None else [
+        c for c, v in per_class.items() if v["fp32_top1"] - v["int8_top1"] > max_class_drop + 1e-12]
     return {
         "images": int(len(labels)),
         "fp32_top1": fp_acc,
         "int8_top1": q_acc,
         "drop": drop,
         "threshold": threshold,
-        "passed": bool(drop <= threshold + 1e-12),
+        "passed": bool(drop <= threshold + 1e-12) and not class_failures,
+        "max_class_drop": max_class_drop,
+        "class_failures": class_failures,
         "top1_agreement": float((fp_pred == q_pred).mean()),
         "max_abs_logit_diff": float(np.abs(fp - q).max()),
         "relative_logit_error": float(np.abs(fp - q).mean() / max(scale, 1e-12)),
@@ -69,7 +86,7 @@ def evaluate(cfg, graph, folded, qparams, aipp_params: dict) -> dict:
             bar.update(len(images))
     fp_all = np.concatenate(fp).reshape(len(paths), -1).astype(np.float64)
     q_all = np.concatenate(q).reshape(len(paths), -1).astype(np.float64)
-    report = compare(fp_all, q_all, labels, cfg.evaluation.threshold)
+    report = compare(fp_all, q_all, labels, cfg.evaluation.threshold, cfg.evaluation.max_class_drop)
     report["eval_data"] = str(cfg.evaluation.data_dir)
     report["calibration_method"] = qparams.method
     report["quantized_ops"] = len(qparams.ops)
@@ -90,6 +107,10 @@ def format_table(r: dict) -> str:
     ]
     for c, v in r["per_class"].items():
         lines.append(f"  {c:<8} {v['images']:>6} {v['fp32_top1'] * 100:>7.2f}% {v['int8_top1'] * 100:>7.2f}%")
+    for c in r.get("class_failures", []):
+        v = r["per_class"][c]
+        lines.append(f"  class {c} drops {(v['fp32_top1'] - v['int8_top1']) * 100:.2f} points, more than "
+                     f"evaluation.max_class_drop {r['max_class_drop'] * 100:.2f}")
     return "\n".join(lines)
 
 

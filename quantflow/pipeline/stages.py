@@ -224,6 +224,10 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, aipp_dir: 
     report = evaluate(cfg, graph, fold_for_quantization(graph), QuantParams.load(calibrate_dir), aipp_params)
     write_report(report, kdir / "accuracy_report.json", kdir / "accuracy_report.txt")
     print(format_table(report))
+    if report["class_failures"]:
+        raise AccuracyGateError(
+            f"class(es) {', '.join(report['class_failures'])} lose more top-1 than evaluation.max_class_drop "
+            f"{report['max_class_drop'] * 100:.2f} points (report: {kdir / 'accuracy_report.txt'})")
     if not report["passed"]:
         raise AccuracyGateError(
             f"INT8 top-1 {report['int8_top1']:.4f} vs FP32 {report['fp32_top1']:.4f}: drop "
