@@ -8,14 +8,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tasks.pipeline import (  # noqa: E402,F401  (doit collects the task_* names)
-    task_aipp, task_atc, task_calibrate, task_export, task_gate, task_graph, task_sample, task_summary, task_train,
+    task_aipp, task_atc, task_calibrate, task_export, task_gate, task_graph, task_preflight, task_sample,
+    task_summary, task_train,
 )
 
 # doit's own state (what ran, with which inputs) lives beside the build outputs
 Path("build").mkdir(exist_ok=True)
 
 DOIT_CONFIG = {
-    "default_tasks": ["train", "sample", "graph", "calibrate", "export", "aipp", "atc", "gate", "summary"],
+    "default_tasks": ["preflight", "train", "sample", "graph", "calibrate", "export", "aipp", "atc", "gate", "summary"],
     "verbosity": 2,
     "dep_file": "build/.doit.db",
 }

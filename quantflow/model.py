@@ -45,6 +45,12 @@ def build_network(cfg, load_weights: bool = True):
             param_dict = ms.load_checkpoint(str(ckpt))
         except Exception as err:  # MindSpore raises plain ValueError/RuntimeError on corrupt files
             raise QuantflowError(f"model.checkpoint: cannot read {ckpt}: {err}") from None
+        own = {p.name: tuple(p.shape) for p in net.get_parameters()}
+        wrong = [f"{name}: checkpoint {tuple(v.shape)}, network {own[name]}" for name, v in param_dict.items()
+                 if name in own and tuple(v.shape) != own[name]]
+        if wrong:
+            raise QuantflowError(f"model.checkpoint {ckpt} does not match {cfg.model.entry} (num_classes="
+                                 f"{cfg.model.num_classes}); parameter shapes differ:\n  " + "\n  ".join(wrong[:20]))
         not_loaded, _ = ms.load_param_into_net(net, param_dict, strict_load=False)
         missing = [p for p in not_loaded if not p.endswith(("moments", "global_step"))]
         if missing:

@@ -99,6 +99,16 @@ def _module_file(entry: str) -> list[str]:
 # ----------------------------------------------------------------------------- actions
 
 @guarded
+def do_preflight():
+    from quantflow.pipeline.preflight import preflight
+
+    r = preflight(cfg())
+    print(f"preflight: network output {r['network_output']}, images readable "
+          f"({', '.join(f'{k}: {v} checked' for k, v in r['images_checked'].items())}), AIPP reproduces the "
+          f"training preprocessing on {r['aipp_images']} images (largest |diff| {r['aipp_max_abs_diff']:.2e})")
+
+
+@guarded
 def do_train():
     from quantflow.model import load_entry
 
@@ -255,14 +265,34 @@ def _summary_uptodate() -> bool:
 
 # ----------------------------------------------------------------------------- tasks
 
+def task_preflight():
+    """Cheap checks of the network, data and preprocessing, before any expensive stage."""
+    c = cfg()
+    model_file = c.path(c.model.checkpoint) if c.model.checkpoint and c.train is None else (
+        c.path(c.model.mindir) if c.model.mindir else None)
+    digest = cache.file_sha256(model_file) if model_file and model_file.is_file() else None
+    return {
+        "actions": [do_preflight],
+        "file_dep": _module_file(c.model.entry) if c.model.entry else [],
+        "uptodate": [config_changed({
+            "config": c.canonical_json(), "model_file": digest,
+            "aipp_source": cache.stage_inputs(c, "aipp", manifest_path(), {})["inputs"]["aipp_source"],
+            "images": [cache.folder_digest(c.path(c.calibration.data_dir)),
+                       cache.folder_digest(c.path(c.evaluation.data_dir))]})],
+        "verbosity": 2,
+    }
+
+
 def task_train():
     """Train the model with [train].entry (only when the config has a [train] section)."""
     c = cfg()
     if c.train is None:
-        return {"actions": None, "uptodate": [True], "doc": "no [train] section: model.checkpoint is used as given"}
+        return {"actions": None, "uptodate": [True], "task_dep": ["preflight"],
+                "doc": "no [train] section: model.checkpoint is used as given"}
     ckpt = c.path(c.model.checkpoint)
     return {
         "actions": [do_train],
+        "task_dep": ["preflight"],
         "targets": [str(ckpt)],
         "file_dep": _module_file(c.train.entry) + _module_file(c.model.entry),
         "uptodate": [config_changed({"train": c.train.model_dump(mode="json"),

@@ -1,0 +1,89 @@
+"""Preflight: the cheap checks, run first, so that a wrong setting fails in seconds, before any calibration.
+
+- the network: ``model.entry`` imports and builds, ``model.checkpoint`` loads into it (a shape mismatch names
+  each parameter with both shapes; skipped when ``[train]`` will write the checkpoint), one forward pass at
+  ``model.input_shape`` works, and the output has ``model.num_classes`` columns; or ``model.mindir`` reads
+  into the IR with that input shape and output width;
+- the data: the calibration and evaluation folders hold class folders of readable images of the model's size;
+- the preprocessing: the declared normalization is plausible and the AIPP config reproduces it on a few
+  calibration images (the full check runs again in the aipp stage).
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError, DataError
+from ..images import check_image, scan_class_folders
+
+
+def _network_output(cfg, load_weights: bool) -> tuple[int, ...]:
+    import mindspore as ms
+
+    from ..model import build_network
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = build_network(cfg, load_weights=load_weights)
+    try:
+        y = net(ms.Tensor(np.zeros(cfg.model.input_shape, np.float32)))
+    except (RuntimeError, ValueError, TypeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"model.input_shape {list(cfg.model.input_shape)}: {cfg.model.entry} cannot run on an input "
+                          f"of this shape (MindSpore: {first})") from None
+    y = y[0] if isinstance(y, (tuple, list)) else y
+    return tuple(y.shape)
+
+
+def _mindir_output(cfg) -> tuple[int, ...]:
+    from ..frontends.mindir import read_mindir
+
+    path = cfg.path(cfg.model.mindir)
+    if not path.is_file():
+        raise ConfigError(f"model.mindir: file not found: {path}")
+    graph = read_mindir(path)
+    shape = graph.tensors[graph.inputs[0]].shape
+    if tuple(shape) != tuple(cfg.model.input_shape):
+        raise ConfigError(f"model.input_shape {list(cfg.model.input_shape)}: {path} takes input {list(shape)}")
+    return graph.shape(graph.outputs[0])
+
+
+def _first_images(data_dir: Path, num_classes: int, per_class: int) -> list:
+    items = scan_class_folders(data_dir, num_classes)
+    seen: dict[int, int] = {}
+    picked = []
+    for it in items:
+        if seen.get(it.label, 0) < per_class:
+            seen[it.label] = seen.get(it.label, 0) + 1
+            picked.append(it)
+    return picked
+
+
+def preflight(cfg) -> dict:
+    """Run every cheap check; raises the first problem as a QuantflowError naming the field or file."""
+    from ..backends.aipp import build_and_verify
+
+    _, c, h, w = cfg.model.input_shape
+    if cfg.model.mindir:
+        out = _mindir_output(cfg)
+    else:
+        out = _network_output(cfg, load_weights=cfg.train is None)
+    if len(out) < 2 or out[-1] != cfg.model.num_classes:
+        raise ConfigError(f"model.num_classes = {cfg.model.num_classes}, but the network's output has shape "
+                          f"{list(out)} ({out[-1] if out else '?'} classes)")
+    checked = {}
+    for field, folder in (("calibration.data_dir", cfg.calibration.data_dir),
+                          ("evaluation.data_dir", cfg.evaluation.data_dir)):
+        images = _first_images(cfg.path(folder), cfg.model.num_classes, 1)
+        for it in images:
+            _, reason = check_image(it.path, c, h, w)
+            if reason is not None and not (field.startswith("calibration") and cfg.calibration.on_bad_image == "skip"):
+                raise DataError(f"{field}: {reason}")
+        checked[field] = len(images)
+    sample = [it.path for it in _first_images(cfg.path(cfg.calibration.data_dir), cfg.model.num_classes, 1)
+              if check_image(it.path, c, h, w)[1] is None][:4]
+    with tempfile.TemporaryDirectory() as tmp:
+        aipp = build_and_verify(cfg, sample, Path(tmp) / "aipp.cfg")
+    return {"network_output": list(out), "images_checked": checked, "aipp_images": aipp["images"],
+            "aipp_max_abs_diff": aipp["max_abs_diff"]}
