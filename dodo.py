@@ -12,8 +12,10 @@ from tasks.pipeline import (  # noqa: E402,F401  (doit collects the task_* names
     task_summary, task_train,
 )
 
-# doit's own state (what ran, with which inputs) lives beside the build outputs
-Path("build").mkdir(exist_ok=True)
+from quantflow.pipeline.lock import acquire  # noqa: E402
+
+# doit's own state (what ran, with which inputs) lives beside the build outputs; one build at a time
+acquire("build")
 
 DOIT_CONFIG = {
     "default_tasks": ["preflight", "train", "sample", "graph", "calibrate", "export", "aipp", "atc", "gate", "summary"],

@@ -106,8 +106,9 @@ def test_a_change_reruns_only_what_depends_on_it_and_reverting_finds_the_cache(b
     assert proc.returncode == 0
     status = task_lines(proc.stdout)
     assert all(status[t] == "up-to-date" for t in KEYED), status
-    # only the cheap checks and latest.json (pointed back at the cached artifacts) run again
-    assert {t for t, st in status.items() if st == "ran"} == {"preflight", "summary"}
+    # only the cheap checks, latest.json (pointed back at the cached artifacts) and, for a changed image file,
+    # the sampler (whose manifest comes out as before) run again
+    assert {t for t, st in status.items() if st == "ran"} == {"preflight", "summary"} | (rerun & {"sample"})
     assert latest(project)["keys"] == keys_before
 
 
@@ -150,3 +151,24 @@ def test_invalid_config_is_reported_by_field(built_demo, tmp_path):
     proc = run_doit(project, "config=bad.toml")
     assert proc.returncode != 0
     assert "calibration.cont: unknown key" in proc.stdout + proc.stderr
+
+
+def test_a_second_build_in_the_same_folder_waits_for_the_first(built_demo):
+    import subprocess
+    import sys
+    import time
+
+    project, _ = built_demo
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from quantflow.pipeline.lock import acquire; "
+                               "acquire('build'); print('held', flush=True); time.sleep(4)"],
+                              cwd=project, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    start = time.monotonic()
+    proc = run_doit(project)
+    waited = time.monotonic() - start
+    holder.wait()
+    assert proc.returncode == 0
+    assert f"another build holds build/.quantflow.lock (pid {holder.pid}); waiting" in proc.stderr
+    assert waited > 1.0  # it could not start before the holder let go
+    status = task_lines(proc.stdout)
+    assert all(status[t] == "up-to-date" for t in KEYED)  # then it found the first build's artifacts
