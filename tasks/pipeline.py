@@ -276,7 +276,7 @@ def task_preflight():
         "file_dep": _module_file(c.model.entry) if c.model.entry else [],
         "uptodate": [config_changed({
             "config": c.canonical_json(), "model_file": digest,
-            "aipp_source": cache.stage_inputs(c, "aipp", manifest_path(), {})["inputs"]["aipp_source"],
+            "aipp_source": cache.aipp_source_digest(c),
             "images": [cache.folder_digest(c.path(c.calibration.data_dir)),
                        cache.folder_digest(c.path(c.evaluation.data_dir))]})],
         "verbosity": 2,

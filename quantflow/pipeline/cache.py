@@ -66,6 +66,11 @@ def _file(path) -> str | None:
     return file_sha256(path) if path is not None and Path(path).is_file() else None
 
 
+def aipp_source_digest(cfg) -> str | None:
+    """Hash of the AIPP source: the hand-written config file, or the template."""
+    return _file(cfg.path(cfg.aipp.config_file) if cfg.aipp.config_file else cfg.path(cfg.aipp.template))
+
+
 def stage_inputs(cfg, stage: str, manifest_path: Path, upstream: dict[str, str]) -> dict:
     """What ``stage``'s artifacts depend on: its own inputs (content hashes, configuration sections) and the
     keys of the stages it reads from; nothing else, so that a change reruns only what depends on it."""
@@ -79,8 +84,7 @@ def stage_inputs(cfg, stage: str, manifest_path: Path, upstream: dict[str, str])
         "export": lambda: {"input_name": cfg.model.input_name},
         "aipp": lambda: {"aipp": c["aipp"], "normalization": c["normalization"], "manifest": manifest,
                          "input_shape": c["model"]["input_shape"],
-                         "aipp_source": _file(cfg.path(cfg.aipp.config_file) if cfg.aipp.config_file
-                                              else cfg.path(cfg.aipp.template))},
+                         "aipp_source": aipp_source_digest(cfg)},
         "atc": lambda: {"build": c["build"], "input_name": cfg.model.input_name, "input_shape": c["model"]["input_shape"]},
         "gate": lambda: {"evaluation": c["evaluation"], "eval_data": folder_digest(cfg.path(cfg.evaluation.data_dir)),
                          "normalization": c["normalization"], "num_classes": cfg.model.num_classes},
