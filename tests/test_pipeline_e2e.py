@@ -132,7 +132,7 @@ def test_broken_quantization_fails_the_gate(built_demo):
     assert again.returncode != 0 and task_lines(again.stdout)["gate"] == "ran"
 
 
-def test_wrong_normalization_fails_the_aipp_stage(built_demo):
+def test_wrong_normalization_fails_in_preflight(built_demo):
     project, _ = built_demo
     wrong = (project / "quantflow.toml").read_text().replace('scale = "0-1"', 'scale = "0-255"')
     (project / "wrong_norm.toml").write_text(wrong)
@@ -141,7 +141,8 @@ def test_wrong_normalization_fails_the_aipp_stage(built_demo):
     out = proc.stdout + proc.stderr
     assert "AippMismatchError" in out and "does not reproduce the training preprocessing" in out
     assert "scale=0-255" in out
-    assert "atc" not in task_lines(proc.stdout)  # nothing is converted with a wrong AIPP config
+    status = task_lines(proc.stdout)
+    assert status["preflight"] == "ran" and "sample" not in status  # caught by preflight, before any real work
 
 
 def test_invalid_config_is_reported_by_field(built_demo, tmp_path):
