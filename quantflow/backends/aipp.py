@@ -139,6 +139,13 @@ def apply(params: dict, frame: np.ndarray) -> np.ndarray:
     out = np.empty((channels,) + x.shape[:2], np.float32)
     for i in range(channels):
         mean = _num(params, f"mean_chn_{i}", 0.0)
+        if not (0.0 <= mean <= 255.0 and float(mean).is_integer()):
+            raise AippMismatchError(f"AIPP mean_chn_{i}: must be an integer in [0, 255] (a uint8 on the device), "
+                                    f"got {params.get(f'mean_chn_{i}')}")
+        for key in (f"min_chn_{i}", f"var_reci_chn_{i}"):
+            v = _num(params, key, 0.0)
+            if not (np.isfinite(v) and abs(v) <= 65504.0):
+                raise AippMismatchError(f"AIPP {key}: must be a finite float16 value (|v| <= 65504), got {params.get(key)}")
         mn = np.float16(_num(params, f"min_chn_{i}", 0.0))
         var = np.float16(_num(params, f"var_reci_chn_{i}", 1.0))
         out[i] = (x[..., i] - np.float32(mean) - np.float32(mn)) * np.float32(var)
@@ -235,7 +242,8 @@ def build_and_verify(cfg, image_paths: list[Path], out_cfg: Path) -> dict:
     out_cfg = Path(out_cfg)
     out_cfg.parent.mkdir(parents=True, exist_ok=True)
     out_cfg.write_text(text)
-    params = parse(out_cfg.read_text(), str(out_cfg))
+    # errors in a hand-written config name the user's file, not the copy
+    params = parse(out_cfg.read_text(), origin if a.config_file is not None else str(out_cfg))
     fmt_channels = SUPPORTED_FORMATS.get(params.get("input_format"))
     if fmt_channels is not None and fmt_channels != channels:
         raise AippMismatchError(f"{origin}: input_format {params.get('input_format')} has {fmt_channels} channel(s), "
