@@ -6,14 +6,15 @@ import pytest
 
 import ascend_reference as ref
 import nets
-from quantflow.engine.float_runner import float_runner
-from quantflow.engine.int8_emulator import Emulator
+from quantflow.engine.float_runner import Runner, float_runner
+from quantflow.engine.int8_emulator import Emulator, emulation_model
 from quantflow.frontends.mindir import read_mindir
 from quantflow.quantization.calibrater import calibrate
 from quantflow.errors import UnsupportedNetworkError
 from quantflow.ir import Graph, Node, TensorInfo
 from quantflow.quantization import scheme
 from quantflow.quantization.calibrater import Calibrater, quantize
+from quantflow.quantization.deploy import quantized_graph
 from quantflow.quantization.passes import fold_for_quantization
 from quantflow.quantization.qparams import QuantizedOp, QuantParams
 
@@ -62,6 +63,22 @@ def test_emulation_is_bit_exact_against_the_reference(residual):
     np.testing.assert_array_equal(got, want)
 
 
+def test_optimized_emulation_keeps_every_rounding_and_equals_the_unoptimized_graph(residual):
+    _, folded, qp = residual
+    emulator = Emulator(folded, qp)
+    assert emulator.optimized  # onnxruntime's rewrites passed the vetting on this residual/depthwise net
+    plain = Runner(emulation_model(emulator.graph), "input", emulator.batch, optimize=False)
+    x16 = np.random.default_rng(6).normal(size=(16, 3, 16, 16)).astype(np.float16)
+    np.testing.assert_array_equal(emulator.logits(x16), plain.run(x16.astype(np.float32))[folded.outputs[0]])
+
+
+def test_a_vetting_that_refuses_runs_the_graph_unoptimized(residual):
+    _, folded, qp = residual
+    model = emulation_model(quantized_graph(folded, qp))
+    assert not Runner(model, "input", 16, keeps=lambda optimized: False).optimized
+    assert Runner(model, "input", 16, keeps=lambda optimized: True).optimized
+
+
 def test_emulation_tracks_fp32(residual):
     graph, folded, qp = residual
     x = np.random.default_rng(3).normal(size=(32, 3, 16, 16)).astype(np.float32)
@@ -92,8 +109,9 @@ def test_quant_rounds_half_to_even_and_saturates():
     np.testing.assert_array_equal(y[0, 0, 0, :6], [2, 4, -2, -4, 127, -128])
 
 
-def test_large_layers_split_the_accumulation_and_stay_exact():
-    # 256 input channels of +-127 weights: sum|w_q| * 255 exceeds 2**24, so the emulator splits the input
+def test_large_layers_stay_exact_beyond_float32_integers():
+    # 256 input channels of +-127 weights: sum|w_q| * 255 exceeds 2**24, where a float32 accumulator
+    # would round; the integer cube must not
     rng = np.random.default_rng(4)
     w = np.sign(rng.normal(size=(4, 256, 3, 3))) * rng.uniform(0.9, 1.0, (4, 256, 3, 3))
     graph = single_conv(w, pads=(1, 1, 1, 1))

@@ -6,6 +6,9 @@ inputs are cut into chunks of the graph's batch size and the last chunk is padde
 """
 from __future__ import annotations
 
+import os
+import tempfile
+
 import numpy as np
 import onnx
 
@@ -35,21 +38,40 @@ def to_onnx(graph: Graph, extra_outputs: list[str] = (), input_name: str | None 
                    [(o, graph.shape(o), graph.tensors[o].dtype if o in graph.tensors else "float32") for o in outs])
 
 
-def session(model: onnx.ModelProto, optimize: bool = True):
+def session(model: onnx.ModelProto, optimize: bool = True, keeps=None):
+    """An onnxruntime CPU session.  ``keeps(optimized_model) -> bool``, when given, vets onnxruntime's
+    graph optimizations: where it returns False the session runs the graph unoptimized."""
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
-                                     else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    opts.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    def make(level, saved: str | None = None):
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = level
+        opts.log_severity_level = 3
+        if saved:
+            opts.optimized_model_filepath = saved
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+    if not optimize:
+        return make(ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    if keeps is None:
+        return make(ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = os.path.join(tmp, "optimized.onnx")
+        sess = make(ort.GraphOptimizationLevel.ORT_ENABLE_ALL, saved)
+        if keeps(onnx.load(saved)):
+            return sess
+    return make(ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
 
 
 class Runner:
     """Runs an ONNX model of a single-input IR graph over any number of samples."""
 
-    def __init__(self, model: onnx.ModelProto, input_name: str, batch: int, optimize: bool = True):
-        self.sess = session(model, optimize)
+    def __init__(self, model: onnx.ModelProto, input_name: str, batch: int, optimize: bool = True, keeps=None):
+        import onnxruntime as ort
+
+        self.sess = session(model, optimize, keeps)
+        self.optimized = (self.sess.get_session_options().graph_optimization_level
+                          != ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
         self.input_name, self.batch = input_name, batch
         self.output_names = [o.name for o in self.sess.get_outputs()]
 

@@ -8,9 +8,14 @@ lowered op for op as the deploy graph is (opset 13), with
 - every other ONNX operation on float16 values: float16-rounded constants, computed in float32,
   its output rounded to float16 (round to nearest even).
 
-onnxruntime's graph optimizations are off so that no float16 rounding step is fused away.
+onnxruntime's graph optimizations run (they turn the float convolutions into its NCHWc layout:
+exact on the integers of a grouped int8 cube, and the float16 rounding after each such op is kept),
+vetted per model: when the optimized graph lost any of the rounding or integer steps
+(``ARITHMETIC_STEPS``), the emulation runs unoptimized instead.
 """
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import onnx
@@ -24,6 +29,21 @@ from .float_runner import Runner
 from .onnx_builder import DEVICE_OPSET, OnnxBuilder
 
 
+# ONNX operations whose outputs are some of their inputs' values: on float16 values they give float16 values
+VALUE_PRESERVING = {"Relu", "MaxPool", "Max", "Min", "Clip", "Reshape", "Transpose", "Flatten", "Squeeze",
+                    "Unsqueeze", "Concat", "Slice", "Split", "Identity", "Gather", "Expand", "Neg", "Abs"}
+
+
+def _needs_rounding(b: OnnxBuilder, n: onnx.NodeProto) -> bool:
+    """False where the output is float16-valued already: a value-preserving operation whose float
+    constant inputs (e.g. Clip's bounds) are float16 numbers (every other tensor here is float16-valued)."""
+    if n.op_type not in VALUE_PRESERVING:
+        return True
+    consts = [b.initializers[i] for i in n.input if i in b.initializers]
+    return any(c.dtype == np.float32 and not np.array_equal(c, c.astype(np.float16).astype(np.float32))
+               for c in consts)
+
+
 def _float16_node(b: OnnxBuilder, node: Node) -> None:
     """The node's device lowering, every ONNX operation in it on float16 values (rounded after each)."""
     first = len(b.nodes)
@@ -31,6 +51,9 @@ def _float16_node(b: OnnxBuilder, node: Node) -> None:
     lowered = b.nodes[first:]
     del b.nodes[first:]
     for n in lowered:
+        if not _needs_rounding(b, n):
+            b.nodes.append(n)
+            continue
         outs = list(n.output)
         n.output[:] = [b.fresh("f32") for _ in outs]
         b.nodes.append(n)
@@ -55,6 +78,14 @@ def emulation_model(graph: Graph) -> onnx.ModelProto:
                    [(o, graph.shape(o), "float32") for o in graph.outputs])
 
 
+# the ONNX operations that carry the device's roundings and integer arithmetic in the emulation
+ARITHMETIC_STEPS = ("Cast", "QuantizeLinear", "DequantizeLinear", "ConvInteger", "MatMulInteger")
+
+
+def _step_counts(model: onnx.ModelProto) -> Counter:
+    return Counter(n.op_type for n in model.graph.node if n.op_type in ARITHMETIC_STEPS and n.domain in ("", "ai.onnx"))
+
+
 class Emulator(Runner):
     """Runs the emulation on float16-valued inputs (the AIPP output).
 
@@ -62,8 +93,10 @@ class Emulator(Runner):
 
     def __init__(self, graph: Graph, qparams: QuantParams | None = None):
         deploy = quantized_graph(graph, qparams) if qparams is not None else graph
-        super().__init__(emulation_model(deploy), "input", deploy.tensors[deploy.inputs[0]].shape[0],
-                         optimize=False)
+        model = emulation_model(deploy)
+        steps = _step_counts(model)
+        super().__init__(model, "input", deploy.tensors[deploy.inputs[0]].shape[0],
+                         keeps=lambda optimized: _step_counts(optimized) == steps)
         self.graph = deploy
 
     def logits(self, x16: np.ndarray) -> np.ndarray:

@@ -40,8 +40,13 @@ def _conv_onnx(node, b):
         _conv_float(node, b)
         return
     a = node.attrs
-    int8_cube_onnx(node, b, _conv_float, "Conv", dict(name=node.label, pads=a["pads"], strides=a["strides"],
-                                                      dilations=a["dilations"], group=a["group"]))
+
+    def integer(b, x, w, x_zero, w_zero):
+        return b.add("ConvInteger", [x, b.const(w, "weight_u8"), x_zero, w_zero], pads=a["pads"],
+                     strides=a["strides"], dilations=a["dilations"], group=a["group"])
+    int8_cube_onnx(node, b, integer, "Conv", dict(name=node.label, pads=a["pads"], strides=a["strides"],
+                                                  dilations=a["dilations"], group=a["group"]),
+                   float_lowering=_conv_float)  # where exact: faster in onnxruntime (quant.py)
 
 
 def _conv_ms(node, w):
@@ -74,9 +79,22 @@ def _swap_last(b, x: str, rank: int) -> str:
 
 def _matmul_onnx(node, b):
     if "offset_x" in node.attrs:
-        int8_cube_onnx(node, b, _matmul_float, "Gemm", dict(name=node.label, transB=int(node.attrs["transpose_b"])))
+        int8_cube_onnx(node, b, _matmul_integer(node), "Gemm", dict(name=node.label,
+                                                                    transB=int(node.attrs["transpose_b"])))
     else:
         _matmul_float(node, b)
+
+
+def _matmul_integer(node):
+    a = node.attrs
+
+    def integer(b, x, w, x_zero, w_zero):
+        if a["transpose_a"]:
+            x = _swap_last(b, x, a["rank_a"])
+        if a["transpose_b"]:
+            w = np.swapaxes(w, -1, -2)
+        return b.add("MatMulInteger", [x, b.const(np.ascontiguousarray(w), "weight_u8"), x_zero, w_zero])
+    return integer
 
 
 def _matmul_float(node, b):

@@ -7,7 +7,7 @@ from a deploy MindIR) as
 
 Each lowers two ways: for the ``device`` target as the ONNX deploy operators atc compiles
 (AscendQuant, Conv/Gemm on int8, AscendDequant), otherwise as the arithmetic the device performs
-(there the int8 tensor between Quant and the cube is carried as exact float32 values):
+(there the int8 tensor between Quant and the cube is carried as uint8 ``q + 128``):
 
 - Quant: ``q = saturate_int8(round_half_even(fp16(fp16(x * fp16(scale)) + fp16(offset))))``.
   TBE ascend_quant.py (ascend_quant_compute -> _compute_scale / _compute_offset, CANN 8.1.RC1): cast
@@ -15,10 +15,19 @@ Each lowers two ways: for the ``device`` target as the ONNX deploy operators atc
   "Round" mode; op_proto quantize_ops.h documents "Round" as "round to nearest, tie to even (c
   language rint)", and the conversion saturates (Ascend C precision_conversion.md).
 - cube: ``acc = sum(w_q * (q - offset_x)) + bias`` exact in int32.  On Ascend310P the cube subtracts
-  the offset itself (conv_compute.py: sum((fmap - offset_x) * weight) on v200 SoCs).  Computed as
-  float32 convolutions on integers, exact while every partial sum stays below 2**24: checked per
-  layer (``sum|w_q[c]| * 255 < 2**24``), else ``q - offset_x`` is split into two base-16 digits
-  (two exact convolutions combined in int32); beyond that the layer is refused.
+  the offset itself (conv_compute.py: sum((fmap - offset_x) * weight) on v200 SoCs); padding
+  contributes 0.  Two exact lowerings:
+  * a float32 Conv on the integers ``q - offset_x`` and ``w_q``, exact while every partial sum stays
+    below 2**24 (``sum|w_q[c]| * 255 < 2**24``, checked per layer).  Preferred for convolutions:
+    onnxruntime runs it in its NCHWc layout, measured as fast as or faster than ConvInteger here
+    (DigitsNet 0.63 vs 0.98 ms per batch of 32), and ConvInteger has no grouped kernel (~3x slower on
+    MobileNet's depthwise layers);
+  * onnxruntime's ConvInteger / MatMulInteger on uint8 operands (``q + 128`` with zero point
+    ``offset_x + 128``, ``w_q + 128`` with zero point 128): integer arithmetic in int32, padding with
+    the zero point.  For matrix products and for convolutions beyond float32's exact range.  uint8 x
+    uint8 because MLAS's u8u8 kernels widen to 16 bits before multiplying (no pair saturation, which
+    the u8s8 path risks on AVX2 without VNNI).
+  A layer whose accumulator could leave int32 (``sum|w_q[c]| * 255 + |bias| >= 2**31``) is refused.
 - Dequant: ``y = fp16(relu?(float32(acc) * deq_scale[c]))``, deq_scale's low 32 bits read as float32
   (ascend_dequant.py: vdeq_cast with a uint64 per-channel scale on v200 SoCs).
 """
@@ -32,7 +41,9 @@ from onnx import TensorProto
 from ..errors import UnsupportedNetworkError
 from .registry import OpDef, register
 
-EXACT_LIMIT = 2 ** 24
+INT32_LIMIT = 2 ** 31
+FLOAT32_EXACT = 2 ** 24
+ZERO_SHIFT = 128  # int8 value + 128 = the uint8 operand of ConvInteger / MatMulInteger
 INT8 = 2  # GE DataType DT_INT8, AscendQuant's dst_type
 
 
@@ -60,8 +71,9 @@ def _quant_onnx(node, b):
     scale = b.const(np.float32(np.float16(np.float32(a["scale"]))), "quant_scale")
     offset = b.const(np.float32(np.float16(a["offset"])), "quant_offset")
     t = round16(b, b.add("Add", [round16(b, b.add("Mul", [node.inputs[0], scale])), offset]))
-    # the int8 values stay in float32 (exact): the cube lowering below reads them as they are
-    b.add("Clip", [b.add("Round", [t]), b.const(np.float32(-128), "qmin"), b.const(np.float32(127), "qmax")],
+    # carried as uint8 q + 128, the operand the cube lowering below hands to onnxruntime: QuantizeLinear
+    # with scale 1 and zero point 128 is saturate(round_half_even(t) + 128) in one step (ONNX spec)
+    b.add("QuantizeLinear", [t, b.const(np.float32(1), "unit_scale"), b.const(np.uint8(ZERO_SHIFT), "zero_shift")],
           node.outputs[0])
 
 
@@ -96,8 +108,12 @@ def _dequant_onnx(node, b):
         return
     shape = [1] * a["rank"]
     shape[1 if a["rank"] > 1 else 0] = -1
-    scale = deq_scale_float32(b.initializers[node.inputs[1]], node.label).reshape(shape)
-    y = b.add("Mul", [b.add("Cast", [node.inputs[0]], to=TensorProto.FLOAT), b.const(scale, "deq_scale")])
+    scale = deq_scale_float32(b.initializers[node.inputs[1]], node.label)
+    # DequantizeLinear on int32: float32(acc) * scale[c], the Cast and Mul of the formula in one node
+    if scale.size == 1:
+        scale = scale.reshape(())
+    y = b.add("DequantizeLinear", [node.inputs[0], b.const(scale, "deq_scale"),
+                                   b.const(np.zeros(scale.shape, np.int32), "deq_zero")], axis=shape.index(-1))
     if a["relu_flag"]:
         y = b.add("Relu", [y])
     round16(b, y, node.outputs[0])
@@ -113,8 +129,12 @@ register(OpDef("Dequant", _dequant_from_mindir, _dequant_onnx, rounds_itself=Tru
 
 # ----------------------------------------------------------------------------- the int8 cube
 
-def int8_cube_onnx(node, b, float_lowering, device_op: str, device_attrs: dict) -> None:
-    """Conv2D / MatMul on int8 input and weight (``node.attrs['offset_x']``), int32 (+ bias) output."""
+def int8_cube_onnx(node, b, integer_lowering, device_op: str, device_attrs: dict, float_lowering=None) -> None:
+    """Conv2D / MatMul on int8 input and weight (``node.attrs['offset_x']``), int32 (+ bias) output.
+
+    ``integer_lowering(b, x, w, x_zero, w_zero) -> name``: the op as ConvInteger / MatMulInteger on the
+    uint8 input ``x``, the uint8 weight array ``w`` (IR layout) and the two uint8 zero-point constants.
+    ``float_lowering(sub_node, b)``, when given, is used instead where float32 is exact (module doc)."""
     x, w = node.inputs[:2]
     bias = node.inputs[2] if len(node.inputs) == 3 else None
     if b.target == "device":
@@ -122,26 +142,23 @@ def int8_cube_onnx(node, b, float_lowering, device_op: str, device_attrs: dict) 
         return
     w_q = b.initializers[w]
     axis = node.attrs["channel_axis"]
-    wf = b.const(w_q.astype(np.float32), "weight_q")
-    per_channel = np.abs(np.moveaxis(w_q.astype(np.int64), axis, 0)).reshape(w_q.shape[axis], -1).sum(axis=1).max()
-    v = b.add("Sub", [x, b.const(np.float32(node.attrs["offset_x"]), "offset_x")])  # x: Quant's int8 values, as float
-
-    def product(inp: str) -> str:
+    per_channel = np.abs(np.moveaxis(w_q.astype(np.int64), axis, 0)).reshape(w_q.shape[axis], -1).sum(axis=1)
+    bias_q = b.initializers[bias].astype(np.int64).reshape(-1) if bias else np.zeros(1, np.int64)
+    worst = int((per_channel * 255 + np.abs(bias_q)).max())
+    if worst >= INT32_LIMIT:
+        raise UnsupportedNetworkError(f"layer {node.label}: a channel's accumulator can reach {worst}, beyond int32 "
+                                      f"(sum of |int8 weights| x 255 + |bias|)")
+    if float_lowering is not None and per_channel.max() * 255 < FLOAT32_EXACT:
         sub = copy.copy(node)
-        sub.inputs, sub.outputs = [inp, wf], [b.fresh("acc")]
+        v = b.add("Sub", [b.add("Cast", [x], to=TensorProto.FLOAT),
+                          b.const(np.float32(node.attrs["offset_x"] + ZERO_SHIFT), "x_zero")])
+        sub.inputs, sub.outputs = [v, b.const(w_q.astype(np.float32), "weight_q")], [b.fresh("acc")]
         float_lowering(sub, b)
-        return b.add("Cast", [sub.outputs[0]], to=TensorProto.INT32)
-
-    if per_channel * 255 < EXACT_LIMIT:
-        acc = product(v)
-    elif per_channel * 16 < EXACT_LIMIT:
-        sixteen = b.const(np.float32(16), "sixteen")
-        hi = b.add("Floor", [b.add("Div", [v, sixteen])])
-        lo = b.add("Sub", [v, b.add("Mul", [hi, sixteen])])
-        acc = b.add("Add", [b.add("Mul", [product(hi), b.const(np.int32(16), "sixteen_i")]), product(lo)])
+        acc = b.add("Cast", [sub.outputs[0]], to=TensorProto.INT32)
     else:
-        raise UnsupportedNetworkError(f"layer {node.label}: a channel's sum of |int8 weights| is {per_channel}, too "
-                                      f"large for exact int32 emulation of its accumulator")
+        acc = integer_lowering(b, x, (w_q.astype(np.int16) + ZERO_SHIFT).astype(np.uint8),
+                               b.const(np.uint8(node.attrs["offset_x"] + ZERO_SHIFT), "x_zero"),
+                               b.const(np.uint8(ZERO_SHIFT), "w_zero"))
     if bias is None:
         b.add("Identity", [acc], node.outputs[0])
         return
