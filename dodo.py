@@ -8,7 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tasks.pipeline import (  # noqa: E402,F401  (doit collects the task_* names)
-    task_aipp, task_atc, task_calibrate, task_export, task_gate, task_graph, task_preflight, task_sample,
+    task_aipp, task_atc, task_calibrate, task_export, task_fallback, task_gate, task_graph, task_preflight, task_sample,
     task_summary, task_train,
 )
 
@@ -18,7 +18,8 @@ from quantflow.pipeline.lock import acquire  # noqa: E402
 acquire("build")
 
 DOIT_CONFIG = {
-    "default_tasks": ["preflight", "train", "sample", "graph", "calibrate", "export", "aipp", "atc", "gate", "summary"],
+    "default_tasks": ["preflight", "train", "sample", "graph", "calibrate", "aipp", "fallback", "export", "atc", "gate",
+                      "summary"],
     "verbosity": 2,
     "dep_file": "build/.doit.db",
 }

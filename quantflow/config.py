@@ -18,6 +18,9 @@ from .errors import ConfigError
 DEFAULT_CONFIG_NAME = "quantflow.toml"
 
 
+RangeMethod = Literal["minmax", "percentile", "kl", "mse"]
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -105,12 +108,27 @@ class CalibrationSection(_Section):
     count: int = Field(gt=0, description="number of images to sample")
     per_class_min: int = Field(default=1, ge=0, description="at least this many images of every class")
     seed: int = Field(default=0, ge=0)
-    method: Literal["minmax", "percentile", "kl"] = "kl"
+    method: RangeMethod = "mse"
     percentile: float = Field(default=99.99, gt=50.0, le=100.0)
+    kl_max_clipped: float = Field(default=0.01, ge=0.0, le=1.0,
+                                  description="largest fraction of values the kl range may clip (1 = plain KL)")
     histogram_bins: int = Field(default=2048, ge=256, le=16384)
     batch_size: int = Field(default=32, gt=0)
     on_bad_image: Literal["error", "skip"] = Field(
         default="error", description="unreadable / wrong-size images fail the build, or are skipped and listed")
+
+
+class QuantizationSection(_Section):
+    """Which ops are INT8 and how their ranges are chosen.  A pattern names ops by node name or layer
+    scope (glob patterns allowed, e.g. "Default/features.1*") or by op type (e.g. "MatMul")."""
+    skip: tuple[str, ...] = Field(default=(), description="ops left in float16 (patterns)")
+    methods: dict[str, RangeMethod] = Field(default_factory=dict,
+                                            description="per-layer range method: pattern -> method")
+    bias_correction: bool = Field(default=False, description="correct each op's per-channel output mean shift")
+    fallback: Literal["off", "auto"] = Field(
+        default="off", description="auto: roll the most sensitive ops back to float16 until the gate passes")
+    max_fallback: int = Field(default=5, ge=0, description="most ops fallback = 'auto' may roll back")
+    sensitivity_images: int = Field(default=64, gt=0, description="calibration images for the per-layer analysis")
 
 
 class EvaluationSection(_Section):
@@ -163,6 +181,8 @@ class BuildSection(_Section):
 class TrainSection(_Section):
     entry: str = Field(description="'module:callable(config, checkpoint_path) -> metrics dict' that trains the model")
     epochs: int = Field(default=12, gt=0)
+    steps: Optional[int] = Field(default=None, gt=0,
+                                 description="stop after this many optimizer steps (a deliberately brief training)")
     seed: int = Field(default=0, ge=0)
     min_accuracy: float = Field(default=0.9, ge=0.0, le=1.0, description="fail training below this held-out accuracy")
 
@@ -177,6 +197,7 @@ class QuantflowConfig(_Section):
     normalization: NormalizationSection
     calibration: CalibrationSection
     evaluation: EvaluationSection
+    quantization: QuantizationSection = QuantizationSection()
     aipp: AippSection
     build: BuildSection = BuildSection()
     train: Optional[TrainSection] = None

@@ -1,9 +1,9 @@
 r"""The quantflow doit task graph.
 
-    train (optional) -> sample -> graph -> calibrate ---> gate --\
-                          \           \--> export --\     /         >-> summary
-                           \--> aipp -----------------> atc -------/
-                                  \--------------------> gate
+    train (optional) -> sample -> graph -> calibrate -> fallback -> export -> atc --\
+                          \                               |   \                /     >-> summary
+                           \--> aipp ------------------(auto)--\--> gate ------------/
+                                  \-------------------------------------> atc
 
 ``train`` and ``sample`` are tracked by doit (file dependencies and config sections).  Every
 later stage writes into ``<output_dir>/artifacts/<stage>/<key>/`` where the key hashes that
@@ -55,7 +55,7 @@ def stage_key(stage: str) -> tuple[str, Path]:
     """A keyed stage's artifact key and folder (computed once the checkpoint and the manifest exist)."""
     keys = _state.setdefault("keys", {})
     if stage not in keys:
-        upstream = {u: stage_key(u)[0] for u in cache.UPSTREAM[stage]}
+        upstream = {u: stage_key(u)[0] for u in cache.upstream(cfg(), stage)}
         inputs = cache.stage_inputs(cfg(), stage, manifest_path(), upstream)
         key = cache.artifact_key(inputs)
         kdir = cache.artifact_dir(cfg(), stage, key)
@@ -161,11 +161,28 @@ def do_calibrate():
 
 
 @guarded
+def do_fallback():
+    from quantflow.pipeline.stages import fallback_stage
+
+    c = cfg()
+    kdir = stage_dir("fallback")
+    result = fallback_stage(c, kdir, stage_dir("calibrate"), stage_dir("graph"),
+                            stage_dir("aipp") if c.quantization.fallback == "auto" else None)
+    if result["mode"] == "off":
+        print("quantization.fallback = off: every calibrated op stays INT8")
+    else:
+        names = ", ".join(f["scope"] for f in result["float_ops"]) or "none"
+        print(f"fallback: {len(result['float_ops'])} op(s) rolled back to float16 ({names}); "
+              f"{'passes' if result['passed'] else 'still fails'} the accuracy check")
+    cache.mark_done(kdir, "fallback")
+
+
+@guarded
 def do_export():
     from quantflow.pipeline.stages import export_stage
 
     kdir = stage_dir("export")
-    st = export_stage(cfg(), kdir, stage_dir("graph"), stage_dir("calibrate"))
+    st = export_stage(cfg(), kdir, stage_dir("graph"), stage_dir("fallback"))
     print(f"exported INT8 deploy graph ({st['int8_ops']} AscendQuant/AscendDequant pairs) -> {kdir / st['deploy_onnx']}, "
           f"{kdir / st['deploy_mindir']} (network source {st['deploy_net']}), AMCT record -> {kdir / st['record']}")
     if not st["deploy_air"]:
@@ -220,7 +237,7 @@ def do_gate():
     from quantflow.pipeline.stages import gate_stage
 
     kdir = stage_dir("gate")
-    gate_stage(cfg(), kdir, stage_dir("graph"), stage_dir("calibrate"), stage_dir("aipp"))
+    gate_stage(cfg(), kdir, stage_dir("graph"), stage_dir("calibrate"), stage_dir("fallback"), stage_dir("aipp"))
     cache.mark_done(kdir, "gate")
 
 
@@ -234,14 +251,17 @@ def _summary() -> dict:
         return str(d[stage] / name) if name else None
 
     return {"keys": {stage: stage_key(stage)[0] for stage in d}, "artifacts": {stage: str(p) for stage, p in d.items()},
-            "qparams": path("calibrate", "qparams.json"), "graph_onnx": path("graph", "graph.onnx"),
+            "qparams": path("fallback", "qparams.json"), "graph_onnx": path("graph", "graph.onnx"),
             "deploy_onnx": path("export", export["deploy_onnx"]), "deploy_mindir": path("export", export["deploy_mindir"]),
             "deploy_air": path("export", export.get("deploy_air")), "record": path("export", export["record"]),
             "mindir": path("export", export["mindir"]), "air": path("export", export["air"]),
             "aipp_config": path("aipp", "aipp.cfg"), "om": path("atc", atc.get("om")),
             "atc": atc["status"] if atc["status"] != "skipped" else f"skipped: {atc['reason']}",
             "gate": {k: gate[k] for k in ("passed", "fp32_top1", "int8_top1", "drop", "threshold")},
-            "accuracy_report": path("gate", "accuracy_report.txt")}
+            "accuracy_report": path("gate", "accuracy_report.txt"), "report": path("gate", "report.html"),
+            "sensitivity": path("calibrate", "sensitivity.json"),
+            "float16_fallback": [f["scope"] for f in
+                                 json.loads((d["fallback"] / "fallback.json").read_text())["float_ops"]]}
 
 
 def do_summary():
@@ -249,11 +269,14 @@ def do_summary():
     _write_json(cfg().out / "latest.json", s)
     print("artifacts: " + ", ".join(f"{stage} {key}" for stage, key in s["keys"].items()))
     for k in ("qparams", "deploy_onnx", "deploy_mindir", "deploy_air", "record", "mindir", "graph_onnx", "air",
-              "aipp_config", "om", "accuracy_report"):
+              "aipp_config", "om", "accuracy_report", "sensitivity"):
         print(f"  {k:<16} {s[k] or '-'}")
     print(f"  {'atc':<16} {s['atc']}")
     g = s["gate"]
     print(f"  {'gate':<16} {'PASS' if g['passed'] else 'FAIL'}: FP32 {g['fp32_top1']:.4f}, INT8 {g['int8_top1']:.4f}")
+    if s["float16_fallback"]:
+        print(f"  {'float16 layers':<16} {', '.join(s['float16_fallback'])}")
+    print(f"build report: {s['report']}")
 
 
 def _summary_uptodate() -> bool:
@@ -343,15 +366,23 @@ def task_graph():
 @create_after(executed="sample")
 def task_calibrate():
     """Stage 2: observers on every quantized op's input, activation ranges, Ascend INT8 parameters."""
-    return _keyed("calibrate", do_calibrate, ["qparams.json", "qparams.npz", "calibration.txt"], ["graph"],
+    return _keyed("calibrate", do_calibrate, ["qparams.json", "qparams.npz", "calibration.txt", "sensitivity.json",
+                                              "histograms.npz"], ["graph"],
                   task_calibrate.__doc__)
+
+
+@create_after(executed="sample")
+def task_fallback():
+    """Stage 2b: the INT8 parameters used: as calibrated, or (fallback = "auto") the most sensitive ops in float16."""
+    return _keyed("fallback", do_fallback, ["qparams.json", "qparams.npz", "fallback.json"],
+                  ["calibrate"] + (["aipp"] if cfg().quantization.fallback == "auto" else []), task_fallback.__doc__)
 
 
 @create_after(executed="sample")
 def task_export():
     """Stage 3b: the INT8 deploy graph (ONNX) and AMCT record; FP32 MindIR, AIR when the Ascend backend is available."""
     return _keyed("export", do_export, ["export.json", "model.mindir", "deploy.onnx", "deploy.mindir", "record.txt"],
-                  ["calibrate"],
+                  ["fallback"],
                   task_export.__doc__)
 
 
@@ -370,7 +401,7 @@ def task_atc():
 @create_after(executed="sample")
 def task_gate():
     """Stage 6: INT8 emulation vs FP32 on held-out images; fails over evaluation.threshold."""
-    return _keyed("gate", do_gate, ["accuracy_report.json", "accuracy_report.txt"], ["calibrate", "aipp"],
+    return _keyed("gate", do_gate, ["accuracy_report.json", "accuracy_report.txt", "report.html"], ["fallback", "aipp"],
                   task_gate.__doc__)
 
 

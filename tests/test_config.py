@@ -17,7 +17,7 @@ def test_shipped_config_loads_with_defaults():
     cfg = load_config(REPO / "quantflow.toml")
     assert cfg.model.input_shape == (1, 3, 32, 32)
     assert cfg.build.soc_version == "Ascend310P3"
-    assert cfg.calibration.method == "kl"
+    assert cfg.calibration.method == "mse"
     assert cfg.path(cfg.calibration.data_dir) == REPO / "calib_data"
     assert cfg.out == REPO / "build"
 

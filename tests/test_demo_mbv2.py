@@ -20,7 +20,7 @@ def test_mobilenet_demo_trains_and_passes_the_gate(tmp_path):
     graph = json.loads((dirs["graph"] / "graph.json").read_text())
     assert graph["ops"]["Add"] == 3 and graph["ops"]["ReLU6"] >= 10  # residual adds, ReLU6 activations
     assert graph["float16_assumed_ops"] == ["ReduceMean"]  # the global average pool
-    qparams = json.loads((dirs["calibrate"] / "qparams.json").read_text())["ops"]
+    qparams = json.loads((dirs["fallback"] / "qparams.json").read_text())["ops"]
     depthwise = [q for q in qparams if q["op"] == "Conv2D" and q["weight_shape"][1] == 1]
     assert len(depthwise) == 5 and len(qparams) == 18
     for name in ("deploy.onnx", "deploy.mindir", "deploy_net.py", "record.txt", "graph.onnx"):

@@ -109,7 +109,7 @@ def check_built_deploy(latest: dict, eval_dir: Path, every: int = 36) -> int:
     model = onnx.load(str(kdir / "deploy.onnx"))
     check_deploy(model)
     graph = fold_for_quantization(read_mindir(dirs["graph"] / "model.mindir"))
-    qp = QuantParams.load(dirs["calibrate"])
+    qp = QuantParams.load(dirs["fallback"])
     items = scan_class_folders(eval_dir, 10)[::every]
     images = load_images([i.path for i in items], 3, 32, 32)
     x16 = aipp_batch(parse((dirs["aipp"] / "aipp.cfg").read_text()), images, "BGR").astype(np.float16)

@@ -29,7 +29,7 @@ def test_demo_passes_and_a_tampered_quantization_fails(built_demo, demo_cfg):
     dirs = {k: Path(v) for k, v in json.loads((built_demo[0] / "build" / "latest.json").read_text())["artifacts"].items()}
     graph = read_mindir(dirs["graph"] / "model.mindir")
     folded = fold_for_quantization(graph)
-    qp = QuantParams.load(dirs["calibrate"])
+    qp = QuantParams.load(dirs["fallback"])
     aipp = parse((dirs["aipp"] / "aipp.cfg").read_text())
     good = evaluate(demo_cfg, graph, folded, qp, aipp)
     assert good["passed"] and good["top1_agreement"] > 0.97

@@ -60,7 +60,7 @@ def test_gate_memory_does_not_grow_with_the_images(built_demo, demo_cfg, tmp_pat
     dirs = _artifacts(built_demo[0])
     graph = read_mindir(dirs["graph"] / "model.mindir")
     folded = fold_for_quantization(graph)
-    qp = QuantParams.load(dirs["calibrate"])
+    qp = QuantParams.load(dirs["fallback"])
     aipp = parse((dirs["aipp"] / "aipp.cfg").read_text())
     src = demo_cfg.path(demo_cfg.evaluation.data_dir)
     n_images = len(list(src.rglob("*.png")))

@@ -7,8 +7,8 @@ import pytest
 
 from conftest import run_doit, task_lines
 
-ALL = ["preflight", "train", "sample", "graph", "calibrate", "export", "aipp", "atc", "gate", "summary"]
-KEYED = ["graph", "calibrate", "export", "aipp", "atc", "gate"]
+ALL = ["preflight", "train", "sample", "graph", "calibrate", "fallback", "export", "aipp", "atc", "gate", "summary"]
+KEYED = ["graph", "calibrate", "fallback", "export", "aipp", "atc", "gate"]
 
 
 def latest(project: Path) -> dict:
@@ -26,10 +26,12 @@ def test_first_run_executes_every_stage(built_demo):
     assert not list((project / "build").rglob("*.om"))
     s = latest(project)
     dirs = {stage: Path(d) for stage, d in s["artifacts"].items()}
-    expected = {"graph": ["graph.json", "graph.onnx", "model.mindir"], "calibrate": ["qparams.json", "qparams.npz"],
+    expected = {"graph": ["graph.json", "graph.onnx", "model.mindir"],
+                "calibrate": ["qparams.json", "qparams.npz", "sensitivity.json", "histograms.npz"],
+                "fallback": ["qparams.json", "qparams.npz", "fallback.json"],
                 "export": ["deploy.onnx", "deploy.mindir", "deploy_net.py", "record.txt", "model.mindir", "graph.onnx"],
                 "aipp": ["aipp.cfg", "aipp_check.json"], "atc": ["atc.json"],
-                "gate": ["accuracy_report.json", "accuracy_report.txt"]}
+                "gate": ["accuracy_report.json", "accuracy_report.txt", "report.html"]}
     for stage, names in expected.items():
         for name in names + ["key_inputs.json"]:
             assert (dirs[stage] / name).is_file(), (stage, name)
@@ -40,6 +42,9 @@ def test_first_run_executes_every_stage(built_demo):
     assert graph["float16_assumed_ops"] == []  # BatchNorm folded; the rest is exact in float16
     qparams = json.loads((dirs["calibrate"] / "qparams.json").read_text())
     assert [q["op"] for q in qparams["ops"]] == ["Conv2D", "Conv2D", "MatMul", "MatMul"]
+    assert json.loads((dirs["fallback"] / "qparams.json").read_text()) == qparams  # fallback off: as calibrated
+    assert s["float16_fallback"] == [] and s["report"] == str(dirs["gate"] / "report.html")
+    assert f"build report: {s['report']}" in out
     assert s["gate"]["passed"] is True
     assert s["gate"]["fp32_top1"] >= 0.95  # the stated FP32 accuracy of the demo model
     assert s["gate"]["fp32_top1"] - s["gate"]["int8_top1"] <= 0.01
@@ -115,7 +120,7 @@ def test_a_change_reruns_only_what_depends_on_it_and_reverting_finds_the_cache(b
 def test_broken_quantization_fails_the_gate(built_demo):
     project, _ = built_demo
     # clipping every activation at its median destroys the INT8 model
-    broken = (project / "quantflow.toml").read_text().replace('method = "kl"', 'method = "percentile"\npercentile = 50.5')
+    broken = (project / "quantflow.toml").read_text().replace('method = "mse"', 'method = "percentile"\npercentile = 50.5')
     (project / "broken.toml").write_text(broken)
     proc = run_doit(project, "config=broken.toml")
     assert proc.returncode != 0

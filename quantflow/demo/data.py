@@ -58,6 +58,21 @@ def split(labels: np.ndarray, seed: int = SEED) -> tuple[np.ndarray, np.ndarray,
     return np.sort(train), np.sort(held), np.sort(pool)
 
 
+def perturb(images_bgr: np.ndarray, seed: int = SEED + 2) -> np.ndarray:
+    """A harder copy of ``images_bgr`` (deterministic): a random affine change (rotation +-20 degrees,
+    scale 0.8-1.2, shift +-4 pixels, border replicated), a Gaussian blur (sigma 0.8-1.6) and
+    Gaussian pixel noise (sigma 24)."""
+    rng = np.random.default_rng(seed)
+    out = np.empty_like(images_bgr)
+    for i, img in enumerate(images_bgr):
+        m = cv2.getRotationMatrix2D((SIZE / 2, SIZE / 2), rng.uniform(-20, 20), rng.uniform(0.8, 1.2))
+        m[:, 2] += rng.uniform(-4, 4, 2)
+        x = cv2.warpAffine(img, m, (SIZE, SIZE), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+        x = cv2.GaussianBlur(x, (5, 5), rng.uniform(0.8, 1.6)).astype(np.float32)
+        out[i] = np.clip(np.rint(x + rng.normal(0.0, 24.0, x.shape)), 0, 255).astype(np.uint8)
+    return out
+
+
 def preprocess(image_bgr: np.ndarray) -> np.ndarray:
     """The demo's training preprocessing of one uint8 HWC BGR image -> float32 CHW."""
     rgb = image_bgr[..., ::-1].astype(np.float32) / 255.0

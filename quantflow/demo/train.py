@@ -1,4 +1,4 @@
-"""Train the demo DigitsNet on the training split of scikit-learn's digits (CPU, about a minute)."""
+"""Train a demo network on the training split of scikit-learn's digits (CPU, about a minute)."""
 from __future__ import annotations
 
 import json
@@ -23,7 +23,7 @@ def train(cfg, checkpoint_path: Path) -> dict:
 
 def _train(cfg, checkpoint_path: Path) -> dict:
     import mindspore as ms
-    from mindspore import nn, ops, Tensor
+    from mindspore import nn, Tensor
 
     from ..model import build_network
     from ..images import scan_class_folders, load_images
@@ -56,10 +56,14 @@ def _train(cfg, checkpoint_path: Path) -> dict:
         return loss
 
     net.set_train(True)
+    steps = 0
     for epoch in range(tcfg.epochs):
         order = rng.permutation(len(x_all))
         losses = []
         for s in range(0, len(order), 32):
+            if tcfg.steps is not None and steps >= tcfg.steps:
+                break
+            steps += 1
             b = order[s:s + 32]
             xb = x_all[b]
             # light augmentation: random shifts of up to 2 pixels
@@ -81,7 +85,7 @@ def _train(cfg, checkpoint_path: Path) -> dict:
     checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
     ms.save_checkpoint(net, str(checkpoint_path))
     metrics = {"heldout_top1": acc, "heldout_images": int(len(y_eval)), "train_images": int(len(y_all)),
-               "epochs": tcfg.epochs}
+               "epochs": tcfg.epochs, "steps": steps}
     checkpoint_path.with_suffix(".metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     print(f"  FP32 held-out top-1: {acc:.4f} on {len(y_eval)} images")
     if acc < tcfg.min_accuracy:

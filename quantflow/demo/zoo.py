@@ -96,7 +96,7 @@ def _write_images(src: Path, dst: Path, size: int, per_class: int) -> int:
 
 
 def build_project(arch: str, out: Path, size: int | None = None, calib_per_class: int = 4, eval_per_class: int = 4,
-                  method: str = "kl", verify_images: int = 2, data_root: Path | None = None) -> Path:
+                  method: str = "mse", verify_images: int = 2, data_root: Path | None = None) -> Path:
     """Write the project folder for ``arch``; returns its quantflow.toml."""
     from ..backends.export import export_mindir
 
@@ -121,7 +121,7 @@ def main(argv=None) -> None:
     ap.add_argument("--size", type=int, default=None, help="input height/width (default: per architecture)")
     ap.add_argument("--calib-per-class", type=int, default=4)
     ap.add_argument("--eval-per-class", type=int, default=4)
-    ap.add_argument("--method", default="kl", choices=["minmax", "percentile", "kl"])
+    ap.add_argument("--method", default="mse", choices=["minmax", "percentile", "kl", "mse"])
     a = ap.parse_args(argv)
     toml = build_project(a.arch, a.out, a.size, a.calib_per_class, a.eval_per_class, a.method)
     print(f"wrote {toml}; run: doit config={toml}")

@@ -61,8 +61,9 @@ def _float16_node(b: OnnxBuilder, node: Node) -> None:
             round16(b, tmp, out)
 
 
-def emulation_model(graph: Graph) -> onnx.ModelProto:
-    """The emulation of a deploy IR (one holding Quant / int8 cube / Dequant nodes)."""
+def emulation_model(graph: Graph, extra_outputs=()) -> onnx.ModelProto:
+    """The emulation of a deploy IR (one holding Quant / int8 cube / Dequant nodes); ``extra_outputs``:
+    inner float tensors to expose as well (e.g. a quantized op's output)."""
     b = OnnxBuilder(f"{graph.name}_int8_emulation", opset=DEVICE_OPSET)
     for k, v in graph.initializers.items():
         b.initializer(k, v.astype(np.float16).astype(np.float32) if v.dtype == np.float32 else v)
@@ -74,8 +75,8 @@ def emulation_model(graph: Graph) -> onnx.ModelProto:
             _float16_node(b, node)
         else:
             get_op(node.op, node.name).to_onnx(node, b)
-    return b.model([("input", graph.tensors[inp].shape, "float32")],
-                   [(o, graph.shape(o), "float32") for o in graph.outputs])
+    outs = list(graph.outputs) + [t for t in extra_outputs if t not in graph.outputs]
+    return b.model([("input", graph.tensors[inp].shape, "float32")], [(o, graph.shape(o), "float32") for o in outs])
 
 
 # the ONNX operations that carry the device's roundings and integer arithmetic in the emulation
@@ -91,13 +92,16 @@ class Emulator(Runner):
 
     ``graph``: a deploy IR, or a BatchNorm-folded float IR together with its ``qparams``."""
 
-    def __init__(self, graph: Graph, qparams: QuantParams | None = None):
+    def __init__(self, graph: Graph, qparams: QuantParams | None = None, extra_outputs=()):
         deploy = quantized_graph(graph, qparams) if qparams is not None else graph
-        model = emulation_model(deploy)
+        model = emulation_model(deploy, extra_outputs)
         steps = _step_counts(model)
         super().__init__(model, "input", deploy.tensors[deploy.inputs[0]].shape[0],
                          keeps=lambda optimized: _step_counts(optimized) == steps)
         self.graph = deploy
 
     def logits(self, x16: np.ndarray) -> np.ndarray:
-        return self.run(np.asarray(x16, np.float16).astype(np.float32))[self.graph.outputs[0]]
+        return self.outputs(x16)[self.graph.outputs[0]]
+
+    def outputs(self, x16: np.ndarray, names: list[str] | None = None) -> dict[str, np.ndarray]:
+        return self.run(np.asarray(x16, np.float16).astype(np.float32), names)

@@ -55,11 +55,28 @@ def folder_digest(folder: Path) -> str:
 UPSTREAM = {
     "graph": (),
     "calibrate": ("graph",),
-    "export": ("calibrate",),
+    "fallback": ("calibrate",),
+    "export": ("fallback",),
     "aipp": (),
     "atc": ("export", "aipp"),
-    "gate": ("calibrate", "aipp"),
+    "gate": ("fallback", "aipp"),
 }
+
+
+def upstream(cfg, stage: str) -> tuple[str, ...]:
+    """``UPSTREAM[stage]``; an automatic fallback also reads the held-out images through AIPP."""
+    if stage == "fallback" and cfg.quantization.fallback == "auto":
+        return UPSTREAM[stage] + ("aipp",)
+    return UPSTREAM[stage]
+
+
+def _fallback_inputs(cfg, c: dict) -> dict:
+    q = c["quantization"]
+    if cfg.quantization.fallback == "off":
+        return {"fallback": "off"}
+    return {"fallback": q["fallback"], "max_fallback": q["max_fallback"], "evaluation": c["evaluation"],
+            "eval_data": folder_digest(cfg.path(cfg.evaluation.data_dir)), "normalization": c["normalization"],
+            "num_classes": cfg.model.num_classes}
 
 
 def _file(path) -> str | None:
@@ -80,7 +97,10 @@ def stage_inputs(cfg, stage: str, manifest_path: Path, upstream: dict[str, str])
         "graph": lambda: {"model": c["model"], "checkpoint": _file(cfg.model.checkpoint and cfg.path(cfg.model.checkpoint)),
                           "mindir": _file(cfg.model.mindir and cfg.path(cfg.model.mindir)), "manifest": manifest,
                           "normalization": c["normalization"]},
-        "calibrate": lambda: {"calibration": c["calibration"], "manifest": manifest, "normalization": c["normalization"]},
+        "calibrate": lambda: {"calibration": c["calibration"], "manifest": manifest, "normalization": c["normalization"],
+                              "quantization": {k: v for k, v in c["quantization"].items()
+                                               if k not in ("fallback", "max_fallback")}},
+        "fallback": lambda: _fallback_inputs(cfg, c),
         "export": lambda: {"input_name": cfg.model.input_name},
         "aipp": lambda: {"aipp": c["aipp"], "normalization": c["normalization"], "manifest": manifest,
                          "input_shape": c["model"]["input_shape"],

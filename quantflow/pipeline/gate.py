@@ -70,23 +70,46 @@ def compare(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, threshold: float,
     }
 
 
+def _batches(cfg, paths):
+    """The held-out images, one batch at a time (memory bounded by the batch)."""
+    _, c, h, w = cfg.model.input_shape
+    bs = cfg.evaluation.batch_size
+    for s in range(0, len(paths), bs):
+        yield load_images(paths[s:s + bs], c, h, w)
+
+
+def _stack(parts: list[np.ndarray], n: int) -> np.ndarray:
+    return np.concatenate(parts).reshape(n, -1).astype(np.float64)
+
+
+def fp32_logits(cfg, graph) -> tuple[np.ndarray, np.ndarray]:
+    """(FP32 logits, labels) of the held-out images: the graph IR on the training preprocessing."""
+    paths, labels = eval_items(cfg)
+    n, runner = cfg.normalization, float_runner(graph)
+    out = []
+    with progress(len(paths), "gate: FP32") as bar:
+        for images in _batches(cfg, paths):
+            out.append(runner.run(preprocess(images, n.mean, n.std, n.scale, n.channel_order))[graph.outputs[0]])
+            bar.update(len(images))
+    return _stack(out, len(paths)), labels
+
+
+def int8_logits(cfg, folded, qparams, aipp_params: dict) -> np.ndarray:
+    """The INT8 emulation's logits of the held-out images, each fed as the device gets it (through AIPP)."""
+    paths, _ = eval_items(cfg)
+    emulator, out = Emulator(folded, qparams), []
+    with progress(len(paths), "gate: INT8") as bar:
+        for images in _batches(cfg, paths):
+            out.append(emulator.logits(aipp_batch(aipp_params, images, cfg.aipp.input_channel_order)))
+            bar.update(len(images))
+    return _stack(out, len(paths))
+
+
 def evaluate(cfg, graph, folded, qparams, aipp_params: dict) -> dict:
     """Top-1 of FP32 and of the INT8 emulation on ``evaluation.data_dir``."""
-    paths, labels = eval_items(cfg)
-    _, c, h, w = cfg.model.input_shape
-    n = cfg.normalization
-    fp32, int8 = float_runner(graph), Emulator(folded, qparams)
-    fp, q = [], []
-    bs = cfg.evaluation.batch_size
-    with progress(len(paths), "gate: FP32 and INT8") as bar:
-        for s in range(0, len(paths), bs):  # one batch of images in memory at a time
-            images = load_images(paths[s:s + bs], c, h, w)
-            fp.append(fp32.run(preprocess(images, n.mean, n.std, n.scale, n.channel_order))[graph.outputs[0]])
-            q.append(int8.logits(aipp_batch(aipp_params, images, cfg.aipp.input_channel_order)))
-            bar.update(len(images))
-    fp_all = np.concatenate(fp).reshape(len(paths), -1).astype(np.float64)
-    q_all = np.concatenate(q).reshape(len(paths), -1).astype(np.float64)
-    report = compare(fp_all, q_all, labels, cfg.evaluation.threshold, cfg.evaluation.max_class_drop)
+    fp, labels = fp32_logits(cfg, graph)
+    q = int8_logits(cfg, folded, qparams, aipp_params)
+    report = compare(fp, q, labels, cfg.evaluation.threshold, cfg.evaluation.max_class_drop)
     report["eval_data"] = str(cfg.evaluation.data_dir)
     report["calibration_method"] = qparams.method
     report["quantized_ops"] = len(qparams.ops)

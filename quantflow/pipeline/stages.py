@@ -3,7 +3,9 @@ the folders of the stages it reads from.
 
     graph      MindIR (exported from model.entry + model.checkpoint, or model.mindir) -> graph IR,
                whose float output is checked against MindSpore's on calibration images
-    calibrate  observers on every quantized op's input; Ascend INT8 parameters -> qparams
+    calibrate  observers on every quantized op's input; Ascend INT8 parameters -> qparams; per-layer
+               error analysis -> sensitivity
+    fallback   the INT8 parameters used: as calibrated, or with the most sensitive ops in float16
     export     MindIR always; AIR when MindSpore's Ascend backend is available
     aipp       AIPP config, verified against the training preprocessing
     atc        .om conversion when a CANN toolkit is present
@@ -114,27 +116,114 @@ def graph_stage(cfg, kdir: Path, calibration_paths: list[Path]) -> dict:
 
 # ----------------------------------------------------------------------------- calibrate
 
-def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path], graph_dir: Path):
-    from ..quantization.calibrater import calibrate
-    from ..quantization.passes import fold_for_quantization
+def _check_patterns(nodes, cfg) -> None:
+    from ..quantization.selection import unmatched
 
-    k = cfg.calibration
+    q = cfg.quantization
+    for field, patterns in (("quantization.skip", q.skip), ("quantization.methods", list(q.methods))):
+        bad = unmatched(nodes, patterns)
+        if bad:
+            names = ", ".join(n.label for n in nodes[:6]) + (", ..." if len(nodes) > 6 else "")
+            raise ConfigError(f"{field}: pattern(s) {', '.join(map(repr, bad))} name no quantizable op (node name, "
+                              f"layer scope glob or op type; the quantizable ops are: {names})")
+
+
+def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path], graph_dir: Path):
+    """Ranges and INT8 parameters (``qparams``), the observers' histograms, and the per-layer error
+    analysis (``sensitivity.json``; with ``quantization.bias_correction`` the biases are corrected by it
+    first)."""
+    from ..quantization.calibrater import calibrate_with, quantizable_nodes
+    from ..quantization.passes import fold_for_quantization
+    from ..quantization.sensitivity import analyse, correct_bias
+
+    k, q = cfg.calibration, cfg.quantization
     graph = fold_for_quantization(load_graph(cfg, graph_dir))
+    _check_patterns(quantizable_nodes(graph), cfg)
     batches = ImageBatches.for_config(cfg, calibration_paths, k.batch_size)
-    qp = calibrate(graph, batches, k.method, k.percentile, k.histogram_bins)
+    qp, cal = calibrate_with(graph, batches, k.method, k.percentile, k.histogram_bins, k.kl_max_clipped, q.skip,
+                             q.methods)
     if not qp.ops:
-        raise UnsupportedNetworkError(f"{mindir_path(cfg, graph_dir)}: the network has no Conv2D or MatMul with constant "
-                                      f"weights; nothing to quantize")
+        raise UnsupportedNetworkError(f"{mindir_path(cfg, graph_dir)}: no Conv2D or MatMul with constant weights is "
+                                      f"left to quantize (quantization.skip: {list(q.skip)})")
+    sample = ImageBatches.for_config(cfg, calibration_paths[:q.sensitivity_images], k.batch_size)
+    if q.bias_correction:
+        qp = correct_bias(qp, analyse(graph, qp, sample, bias_shift=True).bias_shift)
+    sensitivity = analyse(graph, qp, sample)
     qp.save(kdir)
+    write_json(kdir / "sensitivity.json", sensitivity.as_dict())
+    np.savez(kdir / "histograms.npz", **{f"{i}.{name}": v for i, op in enumerate(qp.ops)
+                                         for name, v in _histogram(cal.observers[op.input]).items()})
     table = qp.table()
-    Path(kdir, "calibration.txt").write_text(f"method {k.method}, {len(batches)} images, {len(qp.ops)} quantized "
-                                             f"ops\n{table}\n")
-    return qp, len(batches), table
+    Path(kdir, "calibration.txt").write_text(
+        f"method {k.method}, {len(batches)} images, {len(qp.ops)} quantized ops\n{table}\n\n"
+        f"per-layer sensitivity on {sensitivity.images} calibration images (most sensitive first)\n"
+        f"{sensitivity.table()}\n")
+    return qp, len(batches), table + "\nmost sensitive layers:\n" + sensitivity.table(5)
+
+
+def _histogram(obs) -> dict:
+    if obs.hist_signed is None:  # minmax collects no histograms
+        return {}
+    return {"hist": obs.hist_signed, "range": np.array([obs.lo, obs.hi])}
+
+
+def load_histograms(calibrate_dir: Path, qp) -> dict:
+    """node -> {"scope", "hist", "lo", "hi", "clip"} for the ops whose input histogram was collected."""
+    path = Path(calibrate_dir) / "histograms.npz"
+    arrays = np.load(path) if path.is_file() else {}
+    out = {}
+    for i, op in enumerate(qp.ops):
+        if f"{i}.hist" in arrays:
+            lo, hi = (float(v) for v in arrays[f"{i}.range"])
+            out[op.node] = {"scope": op.scope, "hist": arrays[f"{i}.hist"], "lo": lo, "hi": hi,
+                            "clip": (op.stats["lo"], op.stats["hi"])}
+    return out
+
+
+# ----------------------------------------------------------------------------- fallback
+
+def fallback_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, aipp_dir: Path) -> dict:
+    """The INT8 parameters the build uses: the calibrated ones (``quantization.fallback = "off"``) or, with
+    "auto", those left once the most sensitive ops were rolled back to float16 until the gate's check
+    passes on the held-out images (or ``max_fallback`` ops are in float)."""
+    from ..quantization.fallback import roll_back
+    from ..quantization.qparams import QuantParams
+
+    kdir, q = Path(kdir), cfg.quantization
+    qp = QuantParams.load(calibrate_dir)
+    if q.fallback == "off":
+        result = {"mode": "off", "steps": [], "float_ops": []}
+    else:
+        from ..backends.aipp import parse
+        from ..quantization.passes import fold_for_quantization
+        from .gate import compare, fp32_logits, int8_logits
+
+        graph = load_graph(cfg, graph_dir)
+        folded = fold_for_quantization(graph)
+        aipp_cfg = Path(aipp_dir) / "aipp.cfg"
+        aipp_params = parse(aipp_cfg.read_text(), str(aipp_cfg))
+        fp, labels = fp32_logits(cfg, graph)
+        e = cfg.evaluation
+
+        def check(candidate):
+            return compare(fp, int8_logits(cfg, folded, candidate, aipp_params), labels, e.threshold, e.max_class_drop)
+
+        ranking = json.loads((Path(calibrate_dir) / "sensitivity.json").read_text())["ranking"]
+        qp, steps = roll_back(qp, ranking, check, q.max_fallback)
+        result = {"mode": "auto", "max_fallback": q.max_fallback, "steps": steps,
+                  "float_ops": steps[-1]["float_ops"], "passed": steps[-1]["passed"]}
+        for i, st in enumerate(steps):
+            names = ", ".join(f["scope"] for f in st["float_ops"]) or "none"
+            print(f"fallback step {i}: {st['int8_ops']} INT8 ops, INT8 top-1 {st['int8_top1']:.4f} (drop "
+                  f"{st['drop'] * 100:.2f} points) {'PASS' if st['passed'] else 'fail'}; in float16: {names}")
+    qp.save(kdir)
+    write_json(kdir / "fallback.json", result)
+    return result
 
 
 # ----------------------------------------------------------------------------- export
 
-def export_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path) -> dict:
+def export_stage(cfg, kdir: Path, graph_dir: Path, qparams_dir: Path) -> dict:
     """FP32: MindIR (and AIR where possible), plus the graph stage's FP32 ONNX.  INT8: the Ascend deploy
     graph as ONNX (checked by onnx.checker and shape inference) and as a MindSpore network (MindIR,
     and AIR where possible), and AMCT's record file."""
@@ -157,7 +246,7 @@ def export_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path) -> dict:
         from ..model import build_network
         status = {"mindir": "model.mindir", **export_air(build_network(cfg), cfg.model.input_shape, kdir, "model")}
     graph = fold_for_quantization(load_graph(cfg, graph_dir))
-    qp = QuantParams.load(calibrate_dir)
+    qp = QuantParams.load(qparams_dir)
     deploy = deploy_model(graph, qp, cfg.model.input_name)
     check_deploy(deploy)
     onnx.save(deploy, str(kdir / "deploy.onnx"))
@@ -212,25 +301,52 @@ def atc_stage(cfg, kdir: Path, export_dir: Path, aipp_dir: Path) -> dict:
 
 # ----------------------------------------------------------------------------- gate
 
-def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, aipp_dir: Path) -> dict:
+def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_dir: Path, aipp_dir: Path) -> dict:
+    """The accuracy verdict on the final INT8 parameters, the accuracy report and the HTML build report
+    (written before a failure is raised, so a failing build has its report too)."""
     from ..backends.aipp import parse
     from ..quantization.passes import fold_for_quantization
     from ..quantization.qparams import QuantParams
+    from ..report import html
     from .gate import evaluate, format_table, write_report
 
     kdir, aipp_cfg = Path(kdir), Path(aipp_dir) / "aipp.cfg"
     graph = load_graph(cfg, graph_dir)
     aipp_params = parse(aipp_cfg.read_text(), str(aipp_cfg))
-    report = evaluate(cfg, graph, fold_for_quantization(graph), QuantParams.load(calibrate_dir), aipp_params)
+    qp = QuantParams.load(fallback_dir)
+    report = evaluate(cfg, graph, fold_for_quantization(graph), qp, aipp_params)
     write_report(report, kdir / "accuracy_report.json", kdir / "accuracy_report.txt")
+    sensitivity = json.loads((Path(calibrate_dir) / "sensitivity.json").read_text())
+    fallback = json.loads((Path(fallback_dir) / "fallback.json").read_text())
+    html.write(kdir / "report.html", f"quantflow build report: {cfg.model.entry or cfg.model.mindir}", report,
+               sensitivity, load_histograms(calibrate_dir, QuantParams.load(calibrate_dir)), fallback)
     print(format_table(report))
+    print(f"build report: {kdir / 'report.html'}")
+    where = f"report: {kdir / 'report.html'}"
     if report["class_failures"]:
         raise AccuracyGateError(
             f"class(es) {', '.join(report['class_failures'])} lose more top-1 than evaluation.max_class_drop "
-            f"{report['max_class_drop'] * 100:.2f} points (report: {kdir / 'accuracy_report.txt'})")
+            f"{report['max_class_drop'] * 100:.2f} points{_advice(sensitivity, qp, cfg)} ({where})")
     if not report["passed"]:
         raise AccuracyGateError(
             f"INT8 top-1 {report['int8_top1']:.4f} vs FP32 {report['fp32_top1']:.4f}: drop "
-            f"{report['drop'] * 100:.2f} points exceeds evaluation.threshold {report['threshold'] * 100:.2f} "
-            f"(report: {kdir / 'accuracy_report.txt'})")
+            f"{report['drop'] * 100:.2f} points exceeds evaluation.threshold {report['threshold'] * 100:.2f}"
+            f"{_advice(sensitivity, qp, cfg)} ({where})")
     return report
+
+
+def _advice(sensitivity: dict, qp, cfg) -> str:
+    """The five most sensitive layers still in INT8 and the settings to try."""
+    int8 = {op.node: op.scope for op in qp.ops}
+    worst = [n for n in sensitivity["ranking"] if n in int8][:5]
+    rows = {r["node"]: r for r in sensitivity["ops"]}
+    layers = "; ".join(f"{int8[n]} (output SQNR {rows[n]['output']['sqnr_db']:.1f} dB alone in INT8)" for n in worst)
+    tries = []
+    if cfg.quantization.fallback == "off":
+        tries.append('quantization.fallback = "auto" (rolls the most sensitive layers back to float16)')
+    else:
+        tries.append(f"a larger quantization.max_fallback (now {cfg.quantization.max_fallback})")
+    if cfg.calibration.method != "mse":
+        tries.append('calibration.method = "mse"')
+    tries.append("quantization.skip = [<layer>] for a layer above")
+    return f". Most sensitive layers: {layers}. Try {'; or '.join(tries)}"

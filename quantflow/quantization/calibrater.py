@@ -17,10 +17,11 @@ from ..progress import progress
 from . import scheme
 from .qparams import QuantizedOp, QuantParams
 from .ranges import Observer
+from .selection import first_match
 
 
-def quantized_nodes(g: Graph) -> list[Node]:
-    """The ops the scheme quantizes: registry-quantizable, with a constant weight of a supported layout."""
+def quantizable_nodes(g: Graph) -> list[Node]:
+    """The ops the scheme can quantize: registry-quantizable, with a constant weight of a supported layout."""
     out = []
     for n in g.nodes:
         if not get_op(n.op, n.name).quantizable or n.inputs[1] not in g.initializers:
@@ -31,10 +32,15 @@ def quantized_nodes(g: Graph) -> list[Node]:
     return out
 
 
+def quantized_nodes(g: Graph, skip=()) -> list[Node]:
+    """The quantizable ops not named by a ``skip`` pattern (``quantization.skip``)."""
+    return [n for n in quantizable_nodes(g) if first_match(n, skip) is None]
+
+
 class Calibrater:
-    def __init__(self, graph: Graph, bins: int = 2048):
+    def __init__(self, graph: Graph, bins: int = 2048, skip=()):
         self.graph = graph
-        self.nodes = quantized_nodes(graph)
+        self.nodes = quantized_nodes(graph, skip)
         self.tensors = list(dict.fromkeys(n.inputs[0] for n in self.nodes))
         self.observers = {t: Observer(t, bins) for t in self.tensors}
         self.runner = float_runner(graph, self.tensors)
@@ -64,8 +70,19 @@ class Calibrater:
             obs.start_histograms()
         self._pass(batches, "calibration: histograms")
 
-    def ranges(self, method: str, percentile: float = 99.99) -> dict[str, tuple[float, float]]:
-        return {t: obs.range(method, percentile) for t, obs in self.observers.items()}
+    def methods(self, method: str, overrides: dict[str, str] | None = None) -> dict[str, str]:
+        """The range method of each observed tensor: that of the first op reading it whose layer an
+        ``overrides`` pattern names (``quantization.methods``), else ``method``."""
+        out: dict[str, str] = {}
+        for n in self.nodes:
+            pattern = first_match(n, overrides or {})
+            out.setdefault(n.inputs[0], overrides[pattern] if pattern else method)
+        return out
+
+    def ranges(self, method: str, percentile: float = 99.99, kl_max_clipped: float = 0.01,
+               overrides: dict[str, str] | None = None) -> dict[str, tuple[float, float]]:
+        methods = self.methods(method, overrides)
+        return {t: obs.range(methods[t], percentile, kl_max_clipped) for t, obs in self.observers.items()}
 
 
 def _relu_follows(g: Graph, node: Node, consumers) -> bool:
@@ -74,11 +91,11 @@ def _relu_follows(g: Graph, node: Node, consumers) -> bool:
 
 
 def quantize(graph: Graph, ranges: dict[str, tuple[float, float]], method: str,
-             observers: dict[str, Observer] | None = None) -> QuantParams:
+             observers: dict[str, Observer] | None = None, skip=()) -> QuantParams:
     """The scheme's parameters for every quantized op of ``graph`` (BatchNorm already folded)."""
     consumers = graph.consumers()
     ops = []
-    for n in quantized_nodes(graph):
+    for n in quantized_nodes(graph, skip):
         lo, hi = ranges[n.inputs[0]]
         scale_d, offset_d = scheme.act_qparams(lo, hi)
         axis = scheme.weight_channel_axis(n.op, n.attrs)
@@ -95,8 +112,19 @@ def quantize(graph: Graph, ranges: dict[str, tuple[float, float]], method: str,
     return QuantParams(method, ops)
 
 
-def calibrate(graph: Graph, batches, method: str, percentile: float = 99.99, bins: int = 2048) -> QuantParams:
+def calibrate(graph: Graph, batches, method: str, percentile: float = 99.99, bins: int = 2048,
+              kl_max_clipped: float = 0.01, skip=(), overrides: dict[str, str] | None = None) -> QuantParams:
     """Observe ``batches`` on the (folded) ``graph`` and compute every quantized op's parameters."""
-    cal = Calibrater(graph, bins)
-    cal.collect(batches, histograms=method != "minmax")
-    return quantize(graph, cal.ranges(method, percentile), method, cal.observers)
+    return calibrate_with(graph, batches, method, percentile, bins, kl_max_clipped, skip, overrides)[0]
+
+
+def calibrate_with(graph: Graph, batches, method: str, percentile: float = 99.99, bins: int = 2048,
+                   kl_max_clipped: float = 0.01, skip=(), overrides: dict[str, str] | None = None):
+    """``calibrate``, also returning the Calibrater (its observers' histograms feed the report)."""
+    cal = Calibrater(graph, bins, skip)
+    methods = cal.methods(method, overrides)
+    cal.collect(batches, histograms=any(m != "minmax" for m in methods.values()))
+    qp = quantize(graph, cal.ranges(method, percentile, kl_max_clipped, overrides), method, cal.observers, skip)
+    for q in qp.ops:
+        q.stats["method"] = methods[q.input]
+    return qp, cal

@@ -1,0 +1,38 @@
+"""Automatic float16 fallback (``quantization.fallback = "auto"``).
+
+Starting from every op in INT8, the most sensitive op still in INT8 (``Sensitivity.ranking``) is
+rolled back to float16 -- left out of the quantization parameters, so that the emulation and every
+deploy graph keep it as a float op -- until the accuracy check passes or ``max_ops`` ops are in
+float, in the manner of AMCT's accuracy-based auto calibration and NNCF's
+quantize_with_accuracy_control.  Every step's accuracy is recorded.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .qparams import QuantParams
+
+
+def without(qparams: QuantParams, nodes) -> QuantParams:
+    """``qparams`` with the ops of ``nodes`` left in float."""
+    drop = set(nodes)
+    return QuantParams(qparams.method, [q for q in qparams.ops if q.node not in drop])
+
+
+def roll_back(qparams: QuantParams, ranking: list[str], check: Callable[[QuantParams], dict],
+              max_ops: int) -> tuple[QuantParams, list[dict]]:
+    """(the selected parameters, the steps).  ``check(qparams)`` returns at least ``passed``,
+    ``int8_top1`` and ``drop``; each step records those with the ops in float at that point."""
+    in_float: list[str] = []
+    scopes = {q.node: q.scope for q in qparams.ops}
+    steps = []
+    candidates = [n for n in ranking if n in scopes]
+    while True:
+        current = without(qparams, in_float)
+        result = check(current)
+        steps.append({"float_ops": [{"node": n, "scope": scopes[n]} for n in in_float],
+                      "int8_ops": len(current.ops), "int8_top1": result["int8_top1"], "drop": result["drop"],
+                      "passed": bool(result["passed"])})
+        if result["passed"] or len(in_float) >= min(max_ops, len(candidates)):
+            return current, steps
+        in_float.append(candidates[len(in_float)])

@@ -1,0 +1,170 @@
+"""Per-layer error analysis: how much each quantized op costs, measured on calibration images.
+
+For every quantized op, against the FP32 graph on the same images:
+
+- ``alone``: its output with that op alone in INT8 (every other op in the float16 emulation);
+- ``output``: the network's output with that op alone in INT8 (the ranking key, as in AMCT's
+  accuracy-based auto calibration, which ranks layers by the similarity of their quantized result);
+- ``cumulative``: its output with every op in INT8 (the error accumulated along the graph).
+
+Each as SQNR (dB, 10 log10 of signal over error energy) and cosine similarity.  An op whose
+Dequant carries the ReLU is compared after the ReLU (that is what its deploy output is).
+
+With ``bias_shift`` the ``alone`` runs also measure each op's per-output-channel mean error
+(FP32 - INT8, on the elements both leave positive when the op ends in a ReLU): the empirical
+bias correction of Nagel et al. 2019 ("Data-Free Quantization", sec. 4.2), one op at a time.
+
+Memory is bounded by the batch: only running sums are kept.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..engine.float_runner import float_runner
+from ..engine.int8_emulator import Emulator
+from ..ir import Graph
+from ..progress import progress
+from .qparams import QuantParams
+
+
+class Agreement:
+    """Running SQNR and cosine similarity of ``q`` against the reference ``r``."""
+
+    def __init__(self):
+        self.rr = self.qq = self.rq = self.ee = 0.0
+
+    def add(self, r: np.ndarray, q: np.ndarray) -> None:
+        r, q = np.asarray(r, np.float64).ravel(), np.asarray(q, np.float64).ravel()
+        self.rr += float(r @ r)
+        self.qq += float(q @ q)
+        self.rq += float(r @ q)
+        self.ee += float((r - q) @ (r - q))
+
+    @property
+    def sqnr_db(self) -> float:
+        if self.ee == 0.0:
+            return float("inf")
+        return float(10.0 * np.log10(max(self.rr, 1e-30) / self.ee))
+
+    @property
+    def cosine(self) -> float:
+        den = np.sqrt(self.rr * self.qq)
+        return float(self.rq / den) if den > 0 else (1.0 if self.ee == 0.0 else 0.0)
+
+    def as_dict(self) -> dict:
+        return {"sqnr_db": self.sqnr_db, "cosine": self.cosine}
+
+
+class _ChannelShift:
+    """Per-channel running mean of (FP32 - INT8) along ``axis`` (1 for N,C,...; -1 for N,C)."""
+
+    def __init__(self, relu: bool):
+        self.relu = relu
+        self.sum: np.ndarray | None = None
+        self.count: np.ndarray | None = None
+
+    def add(self, r: np.ndarray, q: np.ndarray) -> None:
+        r, q = np.moveaxis(np.asarray(r, np.float64), 1, 0), np.moveaxis(np.asarray(q, np.float64), 1, 0)
+        r, q = r.reshape(len(r), -1), q.reshape(len(q), -1)
+        mask = (r > 0) & (q > 0) if self.relu else np.ones_like(r, bool)
+        s, c = np.where(mask, r - q, 0.0).sum(axis=1), mask.sum(axis=1)
+        self.sum = s if self.sum is None else self.sum + s
+        self.count = c if self.count is None else self.count + c
+
+    def mean(self) -> np.ndarray:
+        return np.where(self.count > 0, self.sum / np.maximum(self.count, 1), 0.0)
+
+
+@dataclass
+class Sensitivity:
+    """One row per quantized op (in graph order) and the ranking (most sensitive first)."""
+    rows: list[dict]
+    images: int
+    bias_shift: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def ranking(self) -> list[str]:
+        return [r["node"] for r in sorted(self.rows, key=lambda r: (r["output"]["sqnr_db"], r["node"]))]
+
+    def row(self, node: str) -> dict:
+        return next(r for r in self.rows if r["node"] == node)
+
+    def as_dict(self) -> dict:
+        return {"images": self.images, "ranking": self.ranking, "ops": self.rows}
+
+    def table(self, top: int | None = None) -> str:
+        lines = [f"  {'rank':>4} {'layer':<48} {'output SQNR dB':>14} {'alone SQNR dB':>13} {'cumulative':>10}"]
+        for i, node in enumerate(self.ranking[:top] if top else self.ranking, 1):
+            r = self.row(node)
+            lines.append(f"  {i:>4} {r['scope'][-48:]:<48} {r['output']['sqnr_db']:>14.1f} "
+                         f"{r['alone']['sqnr_db']:>13.1f} {r['cumulative']['sqnr_db']:>10.1f}")
+        return "\n".join(lines)
+
+
+def _only(qparams: QuantParams, node: str) -> QuantParams:
+    return QuantParams(qparams.method, [q for q in qparams.ops if q.node == node])
+
+
+def analyse(graph: Graph, qparams: QuantParams, batches, bias_shift: bool = False) -> Sensitivity:
+    """The per-op errors of ``qparams`` on the (BatchNorm-folded) ``graph`` over ``batches`` (a re-iterable
+    of float N,C,H,W arrays in the training preprocessing; the emulation reads them as float16)."""
+    out_of = {n.name: n.outputs[0] for n in graph.nodes}
+    final = graph.outputs[0]
+    op_outputs = [out_of[q.node] for q in qparams.ops]
+    fp32 = float_runner(graph, op_outputs)
+    relu_outputs = {out_of[q.node] for q in qparams.ops if q.relu}
+
+    def reference(x, names):
+        ref = fp32.run(x, names)
+        return {k: np.maximum(v, 0) if k in relu_outputs and k != final else v for k, v in ref.items()}
+
+    rows, shifts = [], {}
+    images = 0
+    with progress(len(qparams.ops) + 1, "sensitivity: per-layer runs") as bar:
+        for q in qparams.ops:
+            t = out_of[q.node]
+            emu = Emulator(graph, _only(qparams, q.node), extra_outputs=[t])
+            alone, output, shift = Agreement(), Agreement(), _ChannelShift(q.relu)
+            images = 0
+            for x in batches:
+                ref = reference(x, [t, final])
+                got = emu.outputs(x.astype(np.float16), [t, final])
+                alone.add(ref[t], got[t])
+                output.add(ref[final], got[final])
+                if bias_shift:
+                    shift.add(ref[t], got[t])
+                images += len(x)
+            rows.append({"node": q.node, "scope": q.scope, "op": q.op, "method": q.stats.get("method", qparams.method),
+                         "alone": alone.as_dict(), "output": output.as_dict()})
+            if bias_shift:
+                shifts[q.node] = shift.mean()
+            bar.update(1)
+        emu = Emulator(graph, qparams, extra_outputs=op_outputs)
+        cumulative = {q.node: Agreement() for q in qparams.ops}
+        for x in batches:
+            ref = reference(x, op_outputs)
+            got = emu.outputs(x.astype(np.float16), op_outputs)
+            for q in qparams.ops:
+                cumulative[q.node].add(ref[out_of[q.node]], got[out_of[q.node]])
+        for r in rows:
+            r["cumulative"] = cumulative[r["node"]].as_dict()
+        bar.update(1)
+    return Sensitivity(rows, images, shifts)
+
+
+def correct_bias(qparams: QuantParams, shifts: dict[str, np.ndarray]) -> QuantParams:
+    """``qparams`` with each op's int32 bias moved by its measured mean shift (in accumulator units:
+    shift / (scale_d * scale_w[c])), so that its INT8 output mean matches FP32 per channel."""
+    out = copy.deepcopy(qparams)
+    limits = np.iinfo(np.int32)
+    for q in out.ops:
+        if q.node not in shifts:
+            continue
+        step = q.scale_d * np.asarray(q.scale_w, np.float64)
+        moved = q.bias.astype(np.float64) + np.rint(shifts[q.node] / step)  # clipped before any integer cast
+        q.bias = np.clip(moved, limits.min, limits.max).astype(np.int32)
+        q.stats["bias_corrected"] = True
+    return out

@@ -1,0 +1,1 @@
+"""The build report: one self-contained HTML file with embedded PNG plots."""

@@ -1,0 +1,64 @@
+"""The report's plots, as PNG bytes (matplotlib, no display needed)."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+
+def _figure(width: float, height: float):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt, plt.subplots(figsize=(width, height), dpi=100)
+
+
+def _png(plt, fig) -> bytes:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def sensitivity_chart(labels: list[str], output_db: list[float], alone_db: list[float]) -> bytes:
+    """Horizontal bars: per-layer SQNR (dB) of the network output and of the layer's own output with
+    that layer alone in INT8; most sensitive at the top."""
+    plt, (fig, ax) = _figure(9, max(2.5, 0.32 * len(labels) + 1.2))
+    y = np.arange(len(labels))
+    cap = lambda v: [min(x, 99.0) for x in v]  # noqa: E731  (an exact layer has infinite SQNR)
+    ax.barh(y - 0.2, cap(output_db), height=0.4, label="network output, this layer alone INT8")
+    ax.barh(y + 0.2, cap(alone_db), height=0.4, label="this layer's output, alone INT8")
+    ax.set_yticks(y, [s[-45:] for s in labels], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("SQNR (dB), lower = more sensitive")
+    ax.legend(fontsize=7, loc="lower right")
+    return _png(plt, fig)
+
+
+def activation_histogram(title: str, hist: np.ndarray, lo: float, hi: float, clip: tuple[float, float]) -> bytes:
+    """The calibration histogram of an op's input over [lo, hi] (log counts) with the chosen clip range."""
+    plt, (fig, ax) = _figure(6, 2.6)
+    edges = np.linspace(lo, hi, len(hist) + 1)
+    ax.stairs(np.maximum(hist, 0.5), edges, fill=True, alpha=0.6)
+    ax.set_yscale("log")
+    for x, name in zip(clip, ("clip min", "clip max")):
+        ax.axvline(x, color="red", linestyle="--", linewidth=1)
+        ax.text(x, ax.get_ylim()[1], f" {name} {x:.3g}", color="red", fontsize=7, va="top")
+    ax.set_title(title, fontsize=8)
+    ax.set_xlabel("activation value")
+    return _png(plt, fig)
+
+
+def fallback_steps(int8_ops: list[int], top1: list[float], fp32_top1: float, threshold: float) -> bytes:
+    """INT8 top-1 after each fallback step against the FP32 top-1 and the allowed drop."""
+    plt, (fig, ax) = _figure(6, 2.6)
+    steps = np.arange(len(top1))
+    ax.plot(steps, [t * 100 for t in top1], marker="o", label="INT8 top-1")
+    ax.axhline(fp32_top1 * 100, color="green", label="FP32 top-1")
+    ax.axhline((fp32_top1 - threshold) * 100, color="red", linestyle="--", label="gate limit")
+    ax.set_xticks(steps, [f"{s}\n({n} INT8)" for s, n in zip(steps, int8_ops)], fontsize=7)
+    ax.set_xlabel("ops rolled back to float16")
+    ax.set_ylabel("top-1 (%)")
+    ax.legend(fontsize=7)
+    return _png(plt, fig)

@@ -1,0 +1,314 @@
+"""The HTML build report and its plots."""
+from __future__ import annotations
+
+import base64
+import math
+from html.parser import HTMLParser
+
+import cv2
+import numpy as np
+import pytest
+
+from quantflow.pipeline.gate import compare
+from quantflow.quantization.fallback import roll_back
+from quantflow.quantization.qparams import QuantizedOp, QuantParams
+from quantflow.report import plots
+from quantflow.report.html import WORST_LAYERS, render, write
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+SECTIONS = ["verdict", "per-class", "sensitivity", "histograms", "fallback"]
+
+
+class Report(HTMLParser):
+    """Each <section id=...>: its text, its <img> attributes and its table rows (cell texts)."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.sections: dict[str, dict] = {}
+        self.section_ids: list[str] = []
+        self.title = ""
+        self._section = None
+        self._in_title = False
+        self._row = None
+        self._cell = None
+        self.images_outside = 0
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "section":
+            self._section = {"text": [], "imgs": [], "rows": []}
+            self.sections[a["id"]] = self._section
+            self.section_ids.append(a["id"])
+        elif tag == "title":
+            self._in_title = True
+        elif tag == "img":
+            if self._section is None:
+                self.images_outside += 1
+            else:
+                self._section["imgs"].append(a)
+        elif tag == "tr" and self._section is not None:
+            self._row = []
+            self._section["rows"].append(self._row)
+        elif tag in ("td", "th") and self._row is not None:
+            self._cell = []
+
+    def handle_endtag(self, tag):
+        if tag == "section":
+            self._section = None
+        elif tag == "title":
+            self._in_title = False
+        elif tag in ("td", "th") and self._cell is not None:
+            self._row.append("".join(self._cell))
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._in_title:
+            self.title += data
+        if self._section is not None:
+            self._section["text"].append(data)
+        if self._cell is not None:
+            self._cell.append(data)
+
+    def text(self, section: str) -> str:
+        return " ".join("".join(self.sections[section]["text"]).split())
+
+
+def decode_png(src: str) -> np.ndarray:
+    prefix = "data:image/png;base64,"
+    assert src.startswith(prefix)
+    data = base64.b64decode(src[len(prefix):], validate=True)
+    return decode_bytes(data)
+
+
+def decode_bytes(data: bytes) -> np.ndarray:
+    assert data.startswith(PNG_SIGNATURE)
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    assert img is not None and img.size > 0 and img.shape[0] > 50 and img.shape[1] > 50
+    return img
+
+
+def has_colour(img: np.ndarray, bgr: tuple[int, int, int], tol: int = 60) -> bool:
+    return bool(np.any(np.all(np.abs(img.astype(int) - np.array(bgr)) <= tol, axis=-1)))
+
+
+RED = (0, 0, 255)
+
+# ---------------------------------------------------------------------------------------- synthetic inputs
+LABELS = np.array([0, 0, 1, 1, 2, 2, 2, 2])
+
+
+def gate_report(threshold=0.2) -> dict:
+    """8 held-out images in 3 classes; FP32 all right, INT8 gets one of class 1's two wrong."""
+    fp = np.eye(3)[LABELS] * 3.0
+    q = fp.copy()
+    q[3] = [0.0, 1.0, 2.0]
+    r = compare(fp, q, LABELS, threshold)
+    r["calibration_method"], r["quantized_ops"] = "kl", 7
+    return r
+
+
+N_OPS = 7
+
+
+def sensitivity() -> dict:
+    """Seven ops; the sensitivity of op i falls with i (op 6 most sensitive); op 0 is exact."""
+    ops = []
+    for i in range(N_OPS):
+        out = math.inf if i == 0 else 10.0 + 5.0 * (N_OPS - i)
+        ops.append({"node": f"node{i}", "scope": f"Default/block{i}-Cell/Conv2D-op{i}",
+                    "op": "Conv2D" if i < 6 else "MatMul", "method": "kl",
+                    "alone": {"sqnr_db": out + 3.0, "cosine": 0.999},
+                    "output": {"sqnr_db": out, "cosine": 1.0 if i == 0 else 0.99 - 0.01 * i},
+                    "cumulative": {"sqnr_db": 20.0 + i, "cosine": 0.98}})
+    ranking = [r["node"] for r in sorted(ops, key=lambda r: (r["output"]["sqnr_db"], r["node"]))]
+    return {"images": 64, "ranking": ranking, "ops": ops}
+
+
+def histograms(nodes) -> dict:
+    rng = np.random.default_rng(0)
+    out = {}
+    for n in nodes:
+        i = int(n[4:])
+        hist = np.histogram(rng.normal(size=5000), bins=128, range=(-4.0, 4.0))[0]
+        out[n] = {"scope": f"Default/block{i}-Cell/Conv2D-op{i}", "hist": hist, "lo": -4.0, "hi": 4.0,
+                  "clip": (-2.5, 2.5)}
+    return out
+
+
+def fallback_record() -> dict:
+    """roll_back's own record: node6, then node5 rolled back to float16, passing at the third step."""
+    ops = [QuantizedOp(node=f"node{i}", scope=f"Default/block{i}-Cell/Conv2D-op{i}", op="Conv2D", input=f"t{i}",
+                       scale_d=0.1, offset_d=0, scale_w=np.ones(1), channel_axis=0,
+                       weight=np.ones((1, 1, 1, 1), np.int8), bias=np.zeros(1, np.int32),
+                       deq_scale=np.ones(1, np.float32)) for i in range(N_OPS)]
+
+    def check(qp):
+        int8 = {q.node for q in qp.ops}
+        top1 = 0.9 - 0.05 * len(int8 & {"node6", "node5"})
+        return {"passed": top1 >= 0.9, "int8_top1": top1, "drop": 0.9 - top1}
+
+    _, steps = roll_back(QuantParams("kl", ops), sensitivity()["ranking"], check, max_ops=3)
+    return {"mode": "auto", "steps": steps}
+
+
+@pytest.fixture(scope="module")
+def full_report() -> Report:
+    sens = sensitivity()
+    return Report(render("resnet <INT8> & co", gate_report(), sens, histograms(sens["ranking"]), fallback_record()))
+
+
+# ---------------------------------------------------------------------------------------- the report
+def test_every_section_is_present_once(full_report):
+    assert full_report.section_ids == SECTIONS
+    assert full_report.images_outside == 0
+    assert full_report.title == "resnet <INT8> & co"   # escaped in the HTML, the same text once parsed
+
+
+def test_title_is_escaped():
+    text = render("<script>x</script>", gate_report(), sensitivity(), {}, None)
+    assert "<script>" not in text and "&lt;script&gt;" in text
+
+
+def test_verdict_pass_and_its_figures(full_report):
+    text = full_report.text("verdict")
+    assert "Verdict: PASS" in text and "FAIL" not in text
+    cells = {r[0]: r[1] for r in full_report.sections["verdict"]["rows"][1:]}
+    assert cells["held-out images"] == "8"
+    assert cells["FP32 top-1"] == "100.00%" and cells["INT8 top-1"] == "87.50%"
+    assert cells["drop (points)"] == "+12.50" and cells["allowed drop (points)"] == "20.00"
+    assert cells["top-1 agreement"] == "87.50%"
+    assert cells["INT8 ops"] == "7" and cells["range method"] == "kl"
+
+
+def test_verdict_fail():
+    rep = Report(render("m", gate_report(threshold=0.05), sensitivity(), {}, None))
+    assert "Verdict: FAIL" in rep.text("verdict") and "PASS" not in rep.text("verdict")
+
+
+def test_per_class_table(full_report):
+    rows = full_report.sections["per-class"]["rows"]
+    assert rows[0] == ["class", "images", "FP32", "INT8", "drop (points)"]
+    assert rows[1:] == [["0", "2", "100.00%", "100.00%", "+0.00"],
+                        ["1", "2", "100.00%", "50.00%", "+50.00"],
+                        ["2", "4", "100.00%", "100.00%", "+0.00"]]
+
+
+def test_every_image_is_an_embedded_png(full_report):
+    imgs = [i for s in full_report.sections.values() for i in s["imgs"]]
+    # the sensitivity chart, the histograms of the five most sensitive layers, the fallback chart
+    assert len(imgs) == 1 + WORST_LAYERS + 1
+    for img in imgs:
+        decode_png(img["src"])
+        assert img["alt"]
+
+
+def test_sensitivity_section_ranks_most_sensitive_first(full_report):
+    sec = full_report.sections["sensitivity"]
+    assert "64 calibration images" in full_report.text("sensitivity")
+    assert len(sec["imgs"]) == 1 and sec["imgs"][0]["alt"] == "per-layer sensitivity"
+    chart = decode_png(sec["imgs"][0]["src"])
+    assert chart.shape[1] == 900     # 9 inches at 100 dpi
+    rows = sec["rows"]
+    assert rows[0][:2] == ["rank", "layer"] and len(rows) == 1 + N_OPS
+    # ranked by output SQNR, lowest first: node6 (15 dB) ... node1 (40 dB), then the exact node0 (inf)
+    assert [r[1] for r in rows[1:]] == [f"Default/block{i}-Cell/Conv2D-op{i}" for i in [6, 5, 4, 3, 2, 1, 0]]
+    assert [r[0] for r in rows[1:]] == [str(i) for i in range(1, N_OPS + 1)]
+    assert rows[1][2:6] == ["MatMul", "kl", "15.0", "0.93000"]
+    assert rows[-1][4] == "inf" and rows[-1][6] == "inf"
+
+
+def test_histograms_of_the_worst_layers_only(full_report):
+    sec = full_report.sections["histograms"]
+    assert [i["alt"] for i in sec["imgs"]] == [f"histogram Default/block{i}-Cell/Conv2D-op{i}" for i in [6, 5, 4, 3, 2]]
+    for img in sec["imgs"]:
+        assert has_colour(decode_png(img["src"]), RED)   # the clip lines
+    assert "No histograms" not in full_report.text("histograms")
+
+
+def test_histograms_follow_the_ranking_and_skip_layers_without_one():
+    sens = sensitivity()
+    hist = histograms(["node0", "node4", "node6"])   # e.g. the other layers' method is minmax
+    hist["not-ranked"] = dict(hist["node4"], scope="Default/elsewhere")
+    rep = Report(render("m", gate_report(), sens, hist, None))
+    assert [i["alt"] for i in rep.sections["histograms"]["imgs"]] == [
+        "histogram Default/block6-Cell/Conv2D-op6", "histogram Default/block4-Cell/Conv2D-op4",
+        "histogram Default/block0-Cell/Conv2D-op0"]
+
+
+def test_minmax_collects_no_histograms():
+    rep = Report(render("m", gate_report(), sensitivity(), {}, None))
+    assert rep.sections["histograms"]["imgs"] == []
+    assert "No histograms: the minmax method collects none" in rep.text("histograms")
+
+
+def test_fallback_section_names_the_rolled_back_layers(full_report):
+    fb = fallback_record()
+    assert [[f["node"] for f in s["float_ops"]] for s in fb["steps"]] == [[], ["node6"], ["node6", "node5"]]
+    sec = full_report.sections["fallback"]
+    assert len(sec["imgs"]) == 1 and sec["imgs"][0]["alt"] == "fallback steps"
+    chart = decode_png(sec["imgs"][0]["src"])
+    assert has_colour(chart, RED)          # the gate limit
+    rows = sec["rows"]
+    assert rows[0] == ["step", "layers in float16", "INT8 ops", "INT8 top-1", "drop (points)", "passed"]
+    assert rows[1:] == [
+        ["0", "(none)", "7", "80.00%", "+10.00", "False"],
+        ["1", "Default/block6-Cell/Conv2D-op6", "6", "85.00%", "+5.00", "False"],
+        ["2", "Default/block6-Cell/Conv2D-op6, Default/block5-Cell/Conv2D-op5", "5", "90.00%", "+0.00", "True"]]
+    assert "fallback is off" not in full_report.text("fallback")
+
+
+@pytest.mark.parametrize("fallback", [None, {"mode": "off", "steps": []}, {"mode": "auto", "steps": []},
+                                      {"mode": "off", "steps": fallback_record()["steps"]}])
+def test_fallback_off(fallback):
+    rep = Report(render("m", gate_report(), sensitivity(), {}, fallback))
+    assert "quantization.fallback is off" in rep.text("fallback")
+    assert rep.sections["fallback"]["imgs"] == [] and rep.sections["fallback"]["rows"] == []
+    assert "Default/block6-Cell" not in rep.text("fallback")
+
+
+def test_an_empty_sensitivity_renders_without_a_chart():
+    rep = Report(render("m", gate_report(), {"images": 0, "ranking": [], "ops": []}, {}, None))
+    assert list(rep.sections) == SECTIONS
+    assert rep.sections["sensitivity"]["imgs"] == [] and len(rep.sections["sensitivity"]["rows"]) == 1
+
+
+def test_write_writes_the_rendered_report(tmp_path):
+    sens = sensitivity()
+    args = ("t", gate_report(), sens, histograms(sens["ranking"][:2]), fallback_record())
+    path = write(tmp_path / "report.html", *args)
+    assert path == tmp_path / "report.html"
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>")
+    # the same document as render (the PNG bytes are deterministic for the same inputs)
+    rep, again = Report(text), Report(render(*args))
+    assert list(rep.sections) == SECTIONS
+    assert {k: rep.text(k) for k in SECTIONS} == {k: again.text(k) for k in SECTIONS}
+    assert len([i for s in rep.sections.values() for i in s["imgs"]]) == 1 + 2 + 1
+
+
+# ---------------------------------------------------------------------------------------- plots
+def test_sensitivity_chart_is_a_png_and_copes_with_infinite_sqnr():
+    img = decode_bytes(plots.sensitivity_chart(["a/very/long/" * 10 + "layer", "b"], [12.0, math.inf], [30.0, 50.0]))
+    assert img.shape[1] == 900
+    # one row per layer: more layers, a taller chart
+    tall = decode_bytes(plots.sensitivity_chart([f"l{i}" for i in range(40)], [10.0] * 40, [20.0] * 40))
+    assert tall.shape[0] > img.shape[0]
+
+
+def test_activation_histogram_draws_the_clip_and_copes_with_empty_bins():
+    hist = np.zeros(64, np.int64)
+    hist[20:40] = np.arange(20) ** 2
+    png = plots.activation_histogram("input of " + "x" * 100, hist, 0.0, 6.0, (0.0, 4.5))
+    img = decode_bytes(png)
+    assert img.shape[:2] == (260, 600)
+    assert has_colour(img, RED)
+    assert has_colour(img, (210, 173, 121), tol=40)   # the bars: matplotlib's first colour at alpha 0.6 on white
+
+
+def test_fallback_steps_plot():
+    img = decode_bytes(plots.fallback_steps([10, 9, 8], [0.5, 0.7, 0.8], 0.82, 0.03))
+    assert img.shape[:2] == (260, 600)
+    assert has_colour(img, RED) and has_colour(img, (0, 128, 0))   # the gate limit and the FP32 line
+    decode_bytes(plots.fallback_steps([3], [0.9], 0.9, 0.0))     # a single step
