@@ -21,5 +21,8 @@ DOIT_CONFIG = {
     "default_tasks": ["preflight", "train", "sample", "graph", "calibrate", "aipp", "fallback", "export", "atc", "gate",
                       "summary"],
     "verbosity": 2,
-    "dep_file": "build/.doit.db",
+    "dep_file": "build/.doit.sqlite",
+    # sqlite commits atomically: a build killed while doit records its state cannot corrupt it
+    # (the default dbm file can be left half-written)
+    "backend": "sqlite3",
 }

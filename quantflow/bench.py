@@ -93,6 +93,7 @@ def bench_model(name: str, images: int | None, evals: int | None, workdir: Path)
     row = {"model": name, "input": f"{size}x{size}", "cal_images": n_cal, "eval_images": n_eval}
     qp, row["qf_cal_minmax_s"] = _timed(lambda: calibrate(folded, cal, "minmax"))
     _, row["qf_cal_kl_s"] = _timed(lambda: calibrate(folded, cal, "kl"))
+    _, row["qf_cal_mse_s"] = _timed(lambda: calibrate(folded, cal, "mse"))
 
     fp32_path = workdir / f"{name}_fp32.onnx"
     onnx.save(to_onnx(fold_for_quantization(graph), input_name="x"), str(fp32_path))
@@ -105,28 +106,35 @@ def bench_model(name: str, images: int | None, evals: int | None, workdir: Path)
     row["ort_int8_ips"] = _throughput(ort_int8.run, x_eval, n_eval)
     fp32 = float_runner(graph)
     row["fp32_ips"] = _throughput(fp32.run, x_eval, n_eval)
-    # what the calibrate and gate stages compute: KL calibration + FP32 and INT8 over the evaluation images
-    row["kl_cal_gate_s"] = row["qf_cal_kl_s"] + n_eval / row["qf_int8_ips"] + n_eval / row["fp32_ips"]
+    from .config import QuantizationSection
+    from .quantization.sensitivity import analyse
+    n_sens = QuantizationSection().sensitivity_images
+    _, row["sensitivity_s"] = _timed(lambda: analyse(folded, qp, [c[:n_sens] for c in cal[:-(-n_sens // BATCH)]]))
+    # what the calibrate and gate stages compute by default: mse calibration, FP32 and INT8 over the
+    # evaluation images; and the per-layer analysis (default image count) on top
+    row["cal_gate_s"] = row["qf_cal_mse_s"] + n_eval / row["qf_int8_ips"] + n_eval / row["fp32_ips"]
     row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     row["ort_threads"] = ort.SessionOptions().intra_op_num_threads or "default"
     return row
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'model':<9} {'input':>7} {'cal img':>7} | {'qf minmax s':>11} {'qf kl s':>8} {'ort s':>7} "
+    head = (f"{'model':<9} {'input':>7} {'cal img':>7} | {'qf minmax s':>11} {'qf kl s':>8} {'qf mse s':>8} {'ort s':>7} "
             f"{'ratio':>6} | {'qf int8 img/s':>13} {'ort int8 img/s':>14} {'ratio':>6} | {'fp32 img/s':>10} "
-            f"| {'kl cal+gate s':>13} | {'peak RSS MB':>11}")
+            f"| {'cal+gate s':>10} {'sensitivity s':>13} | {'peak RSS MB':>11}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
             f"{r['model']:<9} {r['input']:>7} {r['cal_images']:>7} | {r['qf_cal_minmax_s']:>11.2f} "
-            f"{r['qf_cal_kl_s']:>8.2f} {r['ort_cal_s']:>7.2f} {r['qf_cal_minmax_s'] / r['ort_cal_s']:>5.2f}x | "
+            f"{r['qf_cal_kl_s']:>8.2f} {r['qf_cal_mse_s']:>8.2f} {r['ort_cal_s']:>7.2f} {r['qf_cal_minmax_s'] / r['ort_cal_s']:>5.2f}x | "
             f"{r['qf_int8_ips']:>13.0f} {r['ort_int8_ips']:>14.0f} {r['qf_int8_ips'] / r['ort_int8_ips']:>5.2f}x | "
-            f"{r['fp32_ips']:>10.0f} | {r['kl_cal_gate_s']:>13.1f} | {r['peak_rss_mb']:>11.0f}")
+            f"{r['fp32_ips']:>10.0f} | {r['cal_gate_s']:>10.1f} {r['sensitivity_s']:>13.1f} | "
+            f"{r['peak_rss_mb']:>11.0f}")
     lines.append("ratio: quantflow minmax calibration time / onnxruntime quantize_static time (lower is better); "
                  "quantflow INT8 emulation throughput / onnxruntime INT8 QDQ throughput (higher is better); "
-                 "kl cal+gate: KL calibration on the calibration images + FP32 and INT8 emulation over the "
-                 "evaluation images (image decoding and AIPP not included)")
+                 "cal+gate: the default (mse) calibration + FP32 and INT8 emulation over the evaluation images "
+                 "(image decoding and AIPP not included); sensitivity: the per-layer analysis on the default "
+                 "quantization.sensitivity_images calibration images")
     return "\n".join(lines)
 
 

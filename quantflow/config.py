@@ -128,7 +128,7 @@ class QuantizationSection(_Section):
     fallback: Literal["off", "auto"] = Field(
         default="off", description="auto: roll the most sensitive ops back to float16 until the gate passes")
     max_fallback: int = Field(default=5, ge=0, description="most ops fallback = 'auto' may roll back")
-    sensitivity_images: int = Field(default=64, gt=0, description="calibration images for the per-layer analysis")
+    sensitivity_images: int = Field(default=32, gt=0, description="calibration images for the per-layer analysis")
 
 
 class EvaluationSection(_Section):
@@ -161,6 +161,13 @@ class BuildSection(_Section):
     require_om: bool = Field(default=False, description="fail (instead of skipping) when no .om can be built")
     atc_model: Literal["int8", "fp32", "int8sim"] = Field(
         default="int8", description="what atc converts: the INT8 deploy graph, or the FP32 network")
+    atc_args: tuple[str, ...] = Field(default=(), description="extra atc options, e.g. --fusion_switch_file=f.cfg")
+
+    @model_validator(mode="after")
+    def _atc_args(self):
+        from .backends.atc import check_atc_args
+        check_atc_args(self.atc_args, self.atc_model)
+        return self
 
     @field_validator("atc_model")
     @classmethod

@@ -99,11 +99,8 @@ def _rel(path: Path, root: Path) -> str:
 
 
 def write_manifest(manifest: dict, path: Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
+    from .pipeline.atomic import write_json
+    write_json(path, manifest, indent=1)
 
 
 def read_manifest(path: Path) -> dict:

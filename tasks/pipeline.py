@@ -24,7 +24,8 @@ from doit import create_after, get_var
 from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
-from quantflow.pipeline import cache
+from quantflow.images import file_sha256
+from quantflow.pipeline import atomic, cache
 from quantflow.config import DEFAULT_CONFIG_NAME, load_config
 from quantflow.errors import QuantflowError
 
@@ -41,6 +42,7 @@ def cfg():
     if "cfg" not in _state:
         try:
             _state["cfg"] = load_config(config_file())
+            atomic.sweep(_state["cfg"].out)  # what a killed build left half-written (dodo.py holds the lock)
         except QuantflowError as err:  # a clean message instead of doit's traceback of the loader
             print(f"quantflow: {err}", file=sys.stderr)
             raise SystemExit(2) from None
@@ -60,7 +62,7 @@ def stage_key(stage: str) -> tuple[str, Path]:
         key = cache.artifact_key(inputs)
         kdir = cache.artifact_dir(cfg(), stage, key)
         kdir.mkdir(parents=True, exist_ok=True)
-        (kdir / "key_inputs.json").write_text(json.dumps(inputs, indent=2, sort_keys=True) + "\n")
+        atomic.write_json(kdir / "key_inputs.json", inputs)
         keys[stage] = (key, kdir)
     return keys[stage]
 
@@ -82,8 +84,7 @@ def guarded(fn):
 
 
 def _write_json(path: Path, data) -> None:
-    from quantflow.pipeline.stages import write_json
-    write_json(path, data)
+    atomic.write_json(path, data)
 
 
 def _calibration_paths():
@@ -113,8 +114,36 @@ def do_train():
     from quantflow.model import load_entry
 
     c = cfg()
-    print(f"training {c.model.entry} with {c.train.entry} -> {c.path(c.model.checkpoint)}")
-    load_entry(c.train.entry, "train.entry")(c, c.path(c.model.checkpoint))
+    ckpt = c.path(c.model.checkpoint)
+    print(f"training {c.model.entry} with {c.train.entry} -> {ckpt}")
+    load_entry(c.train.entry, "train.entry")(c, ckpt)
+    if not ckpt.is_file():
+        raise QuantflowError(f"train.entry {c.train.entry} returned without writing model.checkpoint {ckpt}")
+    # the completion record, written last: what was trained from what (doit's own record of a run is saved
+    # only when the run ends, so a build killed later in the same run would otherwise retrain)
+    atomic.write_json(_train_record(), {"inputs": _train_inputs(), "checkpoint_sha256": file_sha256(ckpt)})
+
+
+def _train_record() -> Path:
+    return cfg().out / "train.json"
+
+
+def _train_inputs() -> dict:
+    c = cfg()
+    return {"train": c.train.model_dump(mode="json"),
+            "model": c.model.model_dump(mode="json", exclude={"input_name", "verify_images", "verify_tolerance"}),
+            "sources": {e: [file_sha256(Path(f)) for f in _module_file(e)] for e in (c.train.entry, c.model.entry)}}
+
+
+def _train_uptodate() -> bool:
+    """Trained already: the record matches the current inputs and the checkpoint it names is there, unchanged."""
+    ckpt = cfg().path(cfg().model.checkpoint)
+    try:
+        record = json.loads(_train_record().read_text())
+    except (OSError, ValueError):
+        return False
+    return (record.get("inputs") == json.loads(json.dumps(_train_inputs())) and ckpt.is_file()
+            and record.get("checkpoint_sha256") == file_sha256(ckpt))
 
 
 @guarded
@@ -317,9 +346,7 @@ def task_train():
         "actions": [do_train],
         "task_dep": ["preflight"],
         "targets": [str(ckpt)],
-        "file_dep": _module_file(c.train.entry) + _module_file(c.model.entry),
-        "uptodate": [config_changed({"train": c.train.model_dump(mode="json"),
-                                     "model": c.model.model_dump(mode="json", exclude={"input_name", "verify_images", "verify_tolerance"})})],
+        "uptodate": [_train_uptodate],
         "verbosity": 2,
     }
 

@@ -160,7 +160,9 @@ def test_stage_converts_the_configured_model(fake_atc, atc_stage, monkeypatch, a
     assert status["status"] == "built" and status["om"] == "model.om" and (kdir / "model.om").is_file()
     assert status["input"] == model and status["framework"] == framework
     args = json.loads(log.read_text().splitlines()[0])
-    assert args == [f"--model={kdir / model}", f"--framework={framework}", f"--output={kdir / 'model'}",
+    scratch = Path(args[2].split("=", 1)[1]).parent  # atc writes into a scratch folder, the .om is moved out
+    assert scratch.parent == kdir and scratch.name == ".atc.partial-d" and not scratch.exists()
+    assert args == [f"--model={kdir / model}", f"--framework={framework}", f"--output={scratch / 'model'}",
                     "--soc_version=Ascend310P3", f"--insert_op_conf={kdir / 'aipp.cfg'}",
                     "--precision_mode=allow_fp32_to_fp16", "--input_shape=x:1,3,32,32"]
     assert pipeline._atc_uptodate()
@@ -196,3 +198,34 @@ def test_stage_failure_reports_atc_text(fake_atc, atc_stage, monkeypatch):
     failed = pipeline.do_atc()
     assert failed is not None and "E10001" in str(failed)
     assert not (kdir / ".atc.done").exists()
+
+
+def test_extra_atc_args_are_passed_after_quantflow_own(fake_atc, atc_stage, monkeypatch):
+    pipeline, kdir = atc_stage
+    exe, log = fake_atc
+    set_build(pipeline, monkeypatch, atc_args=("--fusion_switch_file=fusion.cfg", "--buffer_optimize=off_optimize"))
+    write_export(kdir, air=False)
+    assert pipeline.do_atc() is None
+    args = json.loads(log.read_text().splitlines()[0])
+    assert args[-2:] == ["--fusion_switch_file=fusion.cfg", "--buffer_optimize=off_optimize"]
+    assert json.loads((kdir / "atc.json").read_text())["command"][-2:] == args[-2:]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--fusion_swich_file=f.cfg"], "unknown atc option --fusion_swich_file (did you mean --fusion_switch_file?)"),
+    (["--soc_version=Ascend910"], "--soc_version is set by quantflow from build.soc_version"),
+    (["--output=x"], "--output is set by quantflow"),
+    (["buffer_optimize"], "'buffer_optimize' is not an atc option"),
+    (["--dynamic_batch_size=1,2,4"], "atc does not accept dynamic shapes for a quantized (int8) deploy model"),
+])
+def test_bad_atc_args_are_refused_naming_the_field(args, message):
+    from quantflow.config import config_from_dict
+    from quantflow.errors import ConfigError
+
+    d = tomllib.loads((REPO / "quantflow.toml").read_text())
+    d["build"]["atc_args"] = args
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(d, REPO)
+    assert "build" in str(e.value) and message in str(e.value)
+    d["build"].update(atc_model="fp32", atc_args=["--dynamic_batch_size=1,2,4"])  # fine for the FP32 network
+    assert config_from_dict(d, REPO).build.atc_args == ("--dynamic_batch_size=1,2,4",)

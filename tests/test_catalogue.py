@@ -81,7 +81,7 @@ CASES = [_toml_syntax, _empty_calibration, _symlink_loop, _not_an_image, _unread
 def test_bad_input_fails_by_name_without_a_traceback(built_demo, tmp_path, case):
     project, _ = built_demo
     p = tmp_path / "p"
-    shutil.copytree(project, p, ignore=shutil.ignore_patterns("artifacts", ".doit.db*", "__pycache__", "*.toml.*"),
+    shutil.copytree(project, p, ignore=shutil.ignore_patterns("artifacts", ".doit.db*", ".doit.sqlite*", "__pycache__", "*.toml.*"),
                     symlinks=True)
     expected = case(p)
     proc = run_doit(p)

@@ -67,9 +67,9 @@ def test_optimized_emulation_keeps_every_rounding_and_equals_the_unoptimized_gra
     _, folded, qp = residual
     emulator = Emulator(folded, qp)
     assert emulator.optimized  # onnxruntime's rewrites passed the vetting on this residual/depthwise net
-    plain = Runner(emulation_model(emulator.graph), "input", emulator.batch, optimize=False)
+    plain = Runner(emulation_model(emulator.graph), "input", emulator.batch, optimize=False, input_dtype=np.float16)
     x16 = np.random.default_rng(6).normal(size=(16, 3, 16, 16)).astype(np.float16)
-    np.testing.assert_array_equal(emulator.logits(x16), plain.run(x16.astype(np.float32))[folded.outputs[0]])
+    np.testing.assert_array_equal(emulator.logits(x16), plain.run(x16)[folded.outputs[0]])
 
 
 def test_a_vetting_that_refuses_runs_the_graph_unoptimized(residual):

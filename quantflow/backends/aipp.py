@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import AippMismatchError, ConfigError
 from ..images import preprocess, read_image
+from ..pipeline.atomic import write_text
 
 SUPPORTED_FORMATS = {"RGB888_U8": 3, "YUV400_U8": 1}
 _LINE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*(\S+)\s*$")
@@ -241,7 +242,7 @@ def build_and_verify(cfg, image_paths: list[Path], out_cfg: Path) -> dict:
         text, origin = render(cfg.path(a.template), values), str(cfg.path(a.template))
     out_cfg = Path(out_cfg)
     out_cfg.parent.mkdir(parents=True, exist_ok=True)
-    out_cfg.write_text(text)
+    write_text(out_cfg, text)
     # errors in a hand-written config name the user's file, not the copy
     params = parse(out_cfg.read_text(), origin if a.config_file is not None else str(out_cfg))
     fmt_channels = SUPPORTED_FORMATS.get(params.get("input_format"))

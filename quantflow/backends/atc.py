@@ -39,16 +39,57 @@ def not_found_reason(env: dict | None = None) -> str:
     return f"atc (CANN toolkit) not found: {where}; install CANN and source its set_env.sh to build the .om"
 
 
+# atc's command-line options (CANN ATC instructions, "Command-Line Options" overview, hiascend.com
+# atctool_0040); quantflow sets the first group itself from the configuration
+SET_BY_QUANTFLOW = {"--model": "the stage's model", "--framework": "the model type", "--output": "the artifact folder",
+                    "--soc_version": "build.soc_version", "--insert_op_conf": "the verified AIPP config",
+                    "--precision_mode": "build.precision_mode", "--input_shape": "model.input_shape"}
+KNOWN_OPTIONS = set(SET_BY_QUANTFLOW) | {
+    "--mode", "--weight", "--om", "--json", "--singleop", "--input_format", "--input_shape_range",
+    "--dynamic_batch_size", "--dynamic_image_size", "--dynamic_dims", "--output_type", "--check_report",
+    "--core_type", "--aicore_num", "--virtual_type", "--out_nodes", "--input_fp16_nodes", "--external_weight",
+    "--op_name_map", "--is_input_adjust_hw_layout", "--is_output_adjust_hw_layout", "--disable_reuse_memory",
+    "--fusion_switch_file", "--enable_scope_fusion_passes", "--enable_single_stream", "--enable_small_channel",
+    "--enable_compress_weight", "--compress_weight_conf", "--compression_optimize_conf", "--sparsity",
+    "--buffer_optimize", "--mdl_bank_path", "--precision_mode_v2", "--allow_hf32", "--keep_dtype",
+    "--modify_mixlist", "--op_precision_mode", "--op_select_implmode", "--optypelist_for_implmode",
+    "--customize_dtypes", "--op_bank_path", "--op_debug_level", "--op_compiler_cache_mode",
+    "--op_compiler_cache_dir", "--debug_dir", "--log", "--dump_mode", "--host_env_os", "--host_env_cpu",
+    "--status_check", "--atomic_clean_policy", "--deterministic", "--shape_generalized_build_mode",
+    "--oo_level", "--display_model_info"}
+# "the input data cannot be of the DT_INT8 type in the dynamic shape scenario": atc refuses these options for
+# a quantized deploy model (same page, General Restrictions)
+DYNAMIC_SHAPE = {"--dynamic_batch_size", "--dynamic_image_size", "--dynamic_dims", "--input_shape_range"}
+
+
+def check_atc_args(args, atc_model: str) -> None:
+    """Each of ``args`` is ``--option`` or ``--option=value``, a known atc option quantflow does not set itself;
+    raises ValueError naming the offending one."""
+    for a in args:
+        name = a.split("=", 1)[0]
+        if not a.startswith("--") or name == "--":
+            raise ValueError(f"{a!r} is not an atc option (expected --name=value)")
+        if name in SET_BY_QUANTFLOW:
+            raise ValueError(f"{name} is set by quantflow from {SET_BY_QUANTFLOW[name]}; leave it out of build.atc_args")
+        if name not in KNOWN_OPTIONS:
+            close = sorted(o for o in KNOWN_OPTIONS if o[2:6] == name[2:6])
+            raise ValueError(f"unknown atc option {name}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+        if name in DYNAMIC_SHAPE and atc_model == "int8":
+            raise ValueError(f"{name}: atc does not accept dynamic shapes for a quantized (int8) deploy model "
+                             f"(CANN ATC restrictions); use it with build.atc_model = \"fp32\" or drop it")
+
+
 def atc_command(atc: Path, model: Path, framework: int, output_prefix: Path, soc_version: str,
-                insert_op_conf: Path | None, precision_mode: str, input_name: str, input_shape) -> list[str]:
-    """``framework``: 1 for an AIR (MindSpore), 5 for ONNX."""
+                insert_op_conf: Path | None, precision_mode: str, input_name: str, input_shape,
+                extra_args=()) -> list[str]:
+    """``framework``: 1 for an AIR (MindSpore), 5 for ONNX; ``extra_args``: build.atc_args, checked."""
     cmd = [str(atc), f"--model={model}", f"--framework={framework}", f"--output={output_prefix}",
            f"--soc_version={soc_version}"]
     if insert_op_conf is not None:
         cmd.append(f"--insert_op_conf={insert_op_conf}")
     cmd += [f"--precision_mode={precision_mode}",
             f"--input_shape={input_name}:{','.join(str(int(d)) for d in input_shape)}"]
-    return cmd
+    return cmd + list(extra_args)
 
 
 def _env_for(atc: Path, env: dict | None = None) -> dict:

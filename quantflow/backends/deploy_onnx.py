@@ -51,7 +51,8 @@ def deploy_model(graph: Graph, qparams: QuantParams, input_name: str) -> onnx.Mo
     for k, v in deploy.initializers.items():
         b.initializer(k, v)
     inp = deploy.inputs[0]
-    b.add("Identity", [input_name], inp)
+    if input_name != inp:
+        b.add("Identity", [input_name], inp)
     for node in deploy.nodes:
         get_op(node.op, node.name).to_onnx(node, b)
     return b.model([(input_name, deploy.tensors[inp].shape, "float32")],

@@ -27,11 +27,13 @@ def ascend_available() -> tuple[bool, str]:
 def _export(net, input_shape, prefix: Path, fmt: str) -> Path:
     import mindspore as ms
 
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    ms.export(net, ms.Tensor(np.zeros(input_shape, np.float32)), file_name=str(prefix), file_format=fmt)
-    written = prefix.with_suffix("." + fmt.lower())
-    if not written.is_file():
-        raise RuntimeError(f"MindSpore reported no error but wrote no {written}")
+    from ..pipeline.atomic import atomic_path
+
+    written = prefix.with_name(prefix.name + "." + fmt.lower())
+    with atomic_path(written, in_folder=True) as tmp:
+        ms.export(net, ms.Tensor(np.zeros(input_shape, np.float32)), file_name=str(tmp.with_suffix("")), file_format=fmt)
+        if not tmp.is_file():
+            raise RuntimeError(f"MindSpore reported no error but wrote no {written}")
     return written
 
 

@@ -1,12 +1,12 @@
 """Train a demo network on the training split of scikit-learn's digits (CPU, about a minute)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import QuantflowError
+from ..pipeline.atomic import atomic_path, write_json
 from . import data
 
 
@@ -83,10 +83,11 @@ def _train(cfg, checkpoint_path: Path) -> dict:
 
     checkpoint_path = Path(checkpoint_path)
     checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
-    ms.save_checkpoint(net, str(checkpoint_path))
+    with atomic_path(checkpoint_path, in_folder=True) as tmp:
+        ms.save_checkpoint(net, str(tmp))
     metrics = {"heldout_top1": acc, "heldout_images": int(len(y_eval)), "train_images": int(len(y_all)),
                "epochs": tcfg.epochs, "steps": steps}
-    checkpoint_path.with_suffix(".metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    write_json(checkpoint_path.with_suffix(".metrics.json"), metrics, sort_keys=False)
     print(f"  FP32 held-out top-1: {acc:.4f} on {len(y_eval)} images")
     if acc < tcfg.min_accuracy:
         raise QuantflowError(f"training reached held-out top-1 {acc:.4f}, below train.min_accuracy={tcfg.min_accuracy}")

@@ -30,7 +30,7 @@ def to_onnx(graph: Graph, extra_outputs: list[str] = (), input_name: str | None 
     for k, v in graph.initializers.items():
         b.initializer(k, v)
     inp = graph.inputs[0]
-    if input_name:
+    if input_name and input_name != inp:
         b.add("Identity", [input_name], inp)
     lower_nodes(graph, b)
     outs = list(graph.outputs) + [t for t in extra_outputs if t not in graph.outputs]
@@ -66,25 +66,26 @@ def session(model: onnx.ModelProto, optimize: bool = True, keeps=None):
 class Runner:
     """Runs an ONNX model of a single-input IR graph over any number of samples."""
 
-    def __init__(self, model: onnx.ModelProto, input_name: str, batch: int, optimize: bool = True, keeps=None):
+    def __init__(self, model: onnx.ModelProto, input_name: str, batch: int, optimize: bool = True, keeps=None,
+                 input_dtype=np.float32):
         import onnxruntime as ort
 
         self.sess = session(model, optimize, keeps)
         self.optimized = (self.sess.get_session_options().graph_optimization_level
                           != ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-        self.input_name, self.batch = input_name, batch
+        self.input_name, self.batch, self.input_dtype = input_name, batch, input_dtype
         self.output_names = [o.name for o in self.sess.get_outputs()]
 
     def run(self, x: np.ndarray, outputs: list[str] | None = None) -> dict[str, np.ndarray]:
-        names = outputs or self.output_names
-        x = np.ascontiguousarray(x, np.float32)
+        names = list(dict.fromkeys(outputs or self.output_names))  # each once
+        x = np.ascontiguousarray(x, self.input_dtype)
         n = len(x)
         parts: dict[str, list[np.ndarray]] = {k: [] for k in names}
         for s in range(0, n, self.batch):
             chunk = x[s:s + self.batch]
             real = len(chunk)
             if real < self.batch:
-                chunk = np.concatenate([chunk, np.zeros((self.batch - real,) + chunk.shape[1:], np.float32)])
+                chunk = np.concatenate([chunk, np.zeros((self.batch - real,) + chunk.shape[1:], chunk.dtype)])
             for k, v in zip(names, self.sess.run(names, {self.input_name: chunk})):
                 parts[k].append(v[:real] if v.ndim and v.shape[0] == self.batch else v)
         return {k: np.concatenate(v) if v and v[0].ndim else (v[0] if v else None) for k, v in parts.items()}

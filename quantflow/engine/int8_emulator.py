@@ -68,7 +68,7 @@ def emulation_model(graph: Graph, extra_outputs=()) -> onnx.ModelProto:
     for k, v in graph.initializers.items():
         b.initializer(k, v.astype(np.float16).astype(np.float32) if v.dtype == np.float32 else v)
     inp = graph.inputs[0]
-    b.add("Identity", ["input"], inp)
+    b.add("Cast", ["input"], inp, to=onnx.TensorProto.FLOAT)  # the float16 AIPP output, computed on as float32
     for node in graph.nodes:
         floating = all(graph.tensors[o].dtype in ("float32", "float16") for o in node.outputs)
         if floating and not get_op(node.op, node.name).rounds_itself:
@@ -76,7 +76,7 @@ def emulation_model(graph: Graph, extra_outputs=()) -> onnx.ModelProto:
         else:
             get_op(node.op, node.name).to_onnx(node, b)
     outs = list(graph.outputs) + [t for t in extra_outputs if t not in graph.outputs]
-    return b.model([("input", graph.tensors[inp].shape, "float32")], [(o, graph.shape(o), "float32") for o in outs])
+    return b.model([("input", graph.tensors[inp].shape, "float16")], [(o, graph.shape(o), "float32") for o in outs])
 
 
 # the ONNX operations that carry the device's roundings and integer arithmetic in the emulation
@@ -97,11 +97,11 @@ class Emulator(Runner):
         model = emulation_model(deploy, extra_outputs)
         steps = _step_counts(model)
         super().__init__(model, "input", deploy.tensors[deploy.inputs[0]].shape[0],
-                         keeps=lambda optimized: _step_counts(optimized) == steps)
+                         keeps=lambda optimized: _step_counts(optimized) == steps, input_dtype=np.float16)
         self.graph = deploy
 
     def logits(self, x16: np.ndarray) -> np.ndarray:
         return self.outputs(x16)[self.graph.outputs[0]]
 
     def outputs(self, x16: np.ndarray, names: list[str] | None = None) -> dict[str, np.ndarray]:
-        return self.run(np.asarray(x16, np.float16).astype(np.float32), names)
+        return self.run(np.asarray(x16, np.float16), names)

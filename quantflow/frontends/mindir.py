@@ -341,5 +341,31 @@ def read_mindir(path: Path | str) -> Graph:
         model.ParseFromString(path.read_bytes())
     except Exception as err:  # protobuf's DecodeError
         raise UnsupportedNetworkError(f"{path} is not a readable MindIR file: {err}") from None
+    _canonical_names(model)
     return _Reader(model, str(path)).read()
+
+
+def _canonical_names(model) -> None:
+    """Rename the graph's values so that the same network always reads into the same IR, whatever the
+    MindSpore process did before exporting it.  MindSpore's value names carry process-wide counters
+    ("105_1_..._construct_17:CNode_20$x:5" in a fresh process, "1029_925_..._construct_76:CNode_87..."
+    after training in the same one) and list their "$" parts in varying order.  Parameters and graph
+    inputs keep their own names ("features.0.weight", "x"); the value of the k-th node becomes "vk"
+    ("vk_j" for its j-th of several outputs), and so does the node's name.  Layer scopes are untouched."""
+    g = model.graph
+    prefix = g.name + ":"
+    rename = {}
+    for v in [*g.parameter, *g.input]:
+        rename[v.name] = v.name[len(prefix):] if v.name.startswith(prefix) else v.name
+    for k, n in enumerate(g.node):
+        for j, o in enumerate(n.output):
+            rename[o] = f"v{k}" if len(n.output) == 1 else f"v{k}_{j}"
+        if not n.output:
+            rename.setdefault(n.name, f"v{k}")
+    for v in [*g.parameter, *g.input, *g.output]:
+        v.name = rename.get(v.name, v.name)
+    for k, n in enumerate(g.node):
+        n.name = rename.get(n.output[0] if n.output else n.name, n.name)
+        n.input[:] = [rename.get(i, i) for i in n.input]
+        n.output[:] = [rename.get(o, o) for o in n.output]
 

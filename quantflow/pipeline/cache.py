@@ -126,4 +126,5 @@ def done_marker(key_dir: Path, stage: str) -> Path:
 
 
 def mark_done(key_dir: Path, stage: str) -> None:
-    done_marker(key_dir, stage).write_text("ok\n")
+    from .atomic import write_text
+    write_text(done_marker(key_dir, stage), "ok\n")

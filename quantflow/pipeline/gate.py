@@ -6,7 +6,6 @@ it, through the verified AIPP config (float16 output), into the INT8 emulation.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from ..engine.int8_emulator import Emulator
 from ..errors import DataError
 from ..images import load_images, preprocess, scan_class_folders
 from ..progress import progress
+from .atomic import write_json, write_text
 
 
 def eval_items(cfg):
@@ -138,5 +138,5 @@ def format_table(r: dict) -> str:
 
 
 def write_report(report: dict, json_path: Path, txt_path: Path) -> None:
-    Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
-    Path(txt_path).write_text(format_table(report) + "\n")
+    write_json(json_path, report, sort_keys=False)
+    write_text(txt_path, format_table(report) + "\n")

@@ -14,6 +14,7 @@ the folders of the stages it reads from.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -21,12 +22,7 @@ import numpy as np
 
 from ..errors import AccuracyGateError, AtcError, ConfigError, UnsupportedNetworkError
 from ..images import ImageBatches
-
-
-def write_json(path: Path, data) -> None:
-    tmp = Path(path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+from .atomic import PARTIAL, copy_file, save_npz, save_onnx, write_json, write_text  # every artifact appears whole
 
 
 def mindir_path(cfg, graph_dir: Path) -> Path:
@@ -102,8 +98,7 @@ def graph_stage(cfg, kdir: Path, calibration_paths: list[Path]) -> dict:
     n = cfg.model.verify_images
     x = next(iter(ImageBatches.for_config(cfg, calibration_paths[:n], n)))
     check = verify_graph(graph, mindir, x, cfg.model.verify_tolerance)
-    import onnx
-    onnx.save(to_onnx(graph, input_name=cfg.model.input_name), str(kdir / "graph.onnx"))
+    save_onnx(to_onnx(graph, input_name=cfg.model.input_name), kdir / "graph.onnx")
     from ..ops import get as get_op
     from ..quantization.passes import fold_for_quantization
     approximate = sorted(op for op in fold_for_quantization(graph).op_counts() if not get_op(op).exact_in_fp16)
@@ -151,10 +146,10 @@ def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path], graph_dir: P
     sensitivity = analyse(graph, qp, sample)
     qp.save(kdir)
     write_json(kdir / "sensitivity.json", sensitivity.as_dict())
-    np.savez(kdir / "histograms.npz", **{f"{i}.{name}": v for i, op in enumerate(qp.ops)
-                                         for name, v in _histogram(cal.observers[op.input]).items()})
+    save_npz(kdir / "histograms.npz", {f"{i}.{name}": v for i, op in enumerate(qp.ops)
+                                       for name, v in _histogram(cal.observers[op.input]).items()})
     table = qp.table()
-    Path(kdir, "calibration.txt").write_text(
+    write_text(Path(kdir, "calibration.txt"),
         f"method {k.method}, {len(batches)} images, {len(qp.ops)} quantized ops\n{table}\n\n"
         f"per-layer sensitivity on {sensitivity.images} calibration images (most sensitive first)\n"
         f"{sensitivity.table()}\n")
@@ -227,8 +222,6 @@ def export_stage(cfg, kdir: Path, graph_dir: Path, qparams_dir: Path) -> dict:
     """FP32: MindIR (and AIR where possible), plus the graph stage's FP32 ONNX.  INT8: the Ascend deploy
     graph as ONNX (checked by onnx.checker and shape inference) and as a MindSpore network (MindIR,
     and AIR where possible), and AMCT's record file."""
-    import onnx
-
     from ..backends.deploy_mindspore import export_deploy_mindir
     from ..backends.deploy_onnx import check_deploy, deploy_model, record_text
     from ..backends.export import export_air
@@ -237,8 +230,8 @@ def export_stage(cfg, kdir: Path, graph_dir: Path, qparams_dir: Path) -> dict:
     from ..quantization.qparams import QuantParams
 
     kdir = Path(kdir)
-    shutil.copyfile(mindir_path(cfg, graph_dir), kdir / "model.mindir")  # everything atc may read, in one place
-    shutil.copyfile(Path(graph_dir) / "graph.onnx", kdir / "graph.onnx")
+    copy_file(mindir_path(cfg, graph_dir), kdir / "model.mindir")  # everything atc may read, in one place
+    copy_file(Path(graph_dir) / "graph.onnx", kdir / "graph.onnx")
     if cfg.model.mindir:
         status = {"mindir": "model.mindir", "air": None,
                   "air_skipped": "model.mindir was given without model.entry: AIR is exported from the network"}
@@ -249,8 +242,8 @@ def export_stage(cfg, kdir: Path, graph_dir: Path, qparams_dir: Path) -> dict:
     qp = QuantParams.load(qparams_dir)
     deploy = deploy_model(graph, qp, cfg.model.input_name)
     check_deploy(deploy)
-    onnx.save(deploy, str(kdir / "deploy.onnx"))
-    (kdir / "record.txt").write_text(record_text(graph, qp))
+    save_onnx(deploy, kdir / "deploy.onnx")
+    write_text(kdir / "record.txt", record_text(graph, qp))
     status.update(export_deploy_mindir(quantized_graph(graph, qp), kdir))
     status.update(fp32_onnx="graph.onnx", deploy_onnx="deploy.onnx", record="record.txt",
                   int8_ops=len(qp.ops), input_name=cfg.model.input_name)
@@ -280,14 +273,22 @@ def atc_stage(cfg, kdir: Path, export_dir: Path, aipp_dir: Path) -> dict:
     if atc is None:
         status.update(status="skipped", reason=not_found_reason())
     else:
-        prefix = kdir / "model"
-        cmd = atc_command(atc, export_dir / model, framework, prefix, cfg.build.soc_version, Path(aipp_dir) / "aipp.cfg",
-                          cfg.build.precision_mode, cfg.model.input_name, cfg.model.input_shape)
+        # atc writes into a scratch folder (a fixed name: the command is recorded in atc.json, and one build
+        # runs per folder at a time); the finished .om is renamed into place
+        scratch = kdir / f".atc{PARTIAL}d"
+        shutil.rmtree(scratch, ignore_errors=True)
+        cmd = atc_command(atc, export_dir / model, framework, scratch / "model", cfg.build.soc_version,
+                          Path(aipp_dir) / "aipp.cfg", cfg.build.precision_mode, cfg.model.input_name,
+                          cfg.model.input_shape, cfg.build.atc_args)
         status["command"] = cmd
         print("running: " + " ".join(cmd))
-        result = run_atc(cmd, prefix, cfg.build.atc_timeout_s)
+        try:
+            result = run_atc(cmd, scratch / "model", cfg.build.atc_timeout_s)
+            os.replace(scratch / result["om"], kdir / result["om"])
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         status.update(status="built", om=result["om"], reason=None)
-        (kdir / "atc.log").write_text(result["log"] + "\n")
+        write_text(kdir / "atc.log", result["log"] + "\n")
     write_json(kdir / "atc.json", status)
     if status["status"] == "skipped":
         msg = f"SKIPPED atc conversion for {cfg.build.soc_version}: {status['reason']}; no .om was written"

@@ -55,9 +55,10 @@ class QuantParams:
         arrays = {}
         for i, q in enumerate(self.ops):
             arrays[f"{i}.weight"], arrays[f"{i}.bias"], arrays[f"{i}.deq_scale"] = q.weight, q.bias, q.deq_scale
-        np.savez(npz, **arrays)
-        js.write_text(json.dumps({"scheme": "ascend-int8", "method": self.method,
-                                  "ops": [q.header() for q in self.ops]}, indent=1) + "\n")
+        from ..pipeline.atomic import save_npz, write_json
+        save_npz(npz, arrays)  # the arrays first: a reader finding the json finds its arrays
+        write_json(js, {"scheme": "ascend-int8", "method": self.method, "ops": [q.header() for q in self.ops]},
+                   indent=1, sort_keys=False)
         return js, npz
 
     @classmethod

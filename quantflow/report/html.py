@@ -92,5 +92,5 @@ def render(title: str, gate: dict, sensitivity: dict, histograms: dict, fallback
 
 
 def write(path: Path, title: str, gate: dict, sensitivity: dict, histograms: dict, fallback: dict | None) -> Path:
-    Path(path).write_text(render(title, gate, sensitivity, histograms, fallback), encoding="utf-8")
-    return Path(path)
+    from ..pipeline.atomic import write_text
+    return write_text(path, render(title, gate, sensitivity, histograms, fallback))
