@@ -67,7 +67,8 @@ def test_optimized_emulation_keeps_every_rounding_and_equals_the_unoptimized_gra
     _, folded, qp = residual
     emulator = Emulator(folded, qp)
     assert emulator.optimized  # onnxruntime's rewrites passed the vetting on this residual/depthwise net
-    plain = Runner(emulation_model(emulator.graph), "input", emulator.batch, optimize=False, input_dtype=np.float16)
+    model = emulation_model(emulator.graph)
+    plain = Runner(model, model.graph.input[0].name, emulator.batch, optimize=False, input_dtype=np.float16)
     x16 = np.random.default_rng(6).normal(size=(16, 3, 16, 16)).astype(np.float16)
     np.testing.assert_array_equal(emulator.logits(x16), plain.run(x16)[folded.outputs[0]])
 
@@ -75,8 +76,9 @@ def test_optimized_emulation_keeps_every_rounding_and_equals_the_unoptimized_gra
 def test_a_vetting_that_refuses_runs_the_graph_unoptimized(residual):
     _, folded, qp = residual
     model = emulation_model(quantized_graph(folded, qp))
-    assert not Runner(model, "input", 16, keeps=lambda optimized: False).optimized
-    assert Runner(model, "input", 16, keeps=lambda optimized: True).optimized
+    feed = model.graph.input[0].name
+    assert not Runner(model, feed, 16, keeps=lambda optimized: False).optimized
+    assert Runner(model, feed, 16, keeps=lambda optimized: True).optimized
 
 
 def test_emulation_tracks_fp32(residual):

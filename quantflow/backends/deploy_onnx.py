@@ -47,7 +47,7 @@ def deploy_model(graph: Graph, qparams: QuantParams, input_name: str) -> onnx.Mo
     """The deploy graph of the (BatchNorm-folded) ``graph`` with ``qparams``."""
     register_ascend_schemas()
     deploy = quantized_graph(graph, qparams)
-    b = OnnxBuilder(f"{graph.name}_ascend_int8", opset=DEVICE_OPSET, target="device")
+    b = OnnxBuilder(f"{graph.name}_ascend_int8", opset=DEVICE_OPSET, target="device", taken=graph.names())
     for k, v in deploy.initializers.items():
         b.initializer(k, v)
     inp = deploy.inputs[0]

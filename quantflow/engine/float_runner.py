@@ -26,7 +26,7 @@ def lower_nodes(graph: Graph, b: OnnxBuilder, nodes=None) -> None:
 def to_onnx(graph: Graph, extra_outputs: list[str] = (), input_name: str | None = None) -> onnx.ModelProto:
     """The float ONNX model of ``graph``; ``extra_outputs`` are inner tensors to expose (for observers);
     ``input_name`` renames the graph input (MindIR input names are not valid atc --input_shape names)."""
-    b = OnnxBuilder(graph.name)
+    b = OnnxBuilder(graph.name, taken=graph.names() | {input_name})
     for k, v in graph.initializers.items():
         b.initializer(k, v)
     inp = graph.inputs[0]

@@ -64,11 +64,12 @@ def _float16_node(b: OnnxBuilder, node: Node) -> None:
 def emulation_model(graph: Graph, extra_outputs=()) -> onnx.ModelProto:
     """The emulation of a deploy IR (one holding Quant / int8 cube / Dequant nodes); ``extra_outputs``:
     inner float tensors to expose as well (e.g. a quantized op's output)."""
-    b = OnnxBuilder(f"{graph.name}_int8_emulation", opset=DEVICE_OPSET)
+    b = OnnxBuilder(f"{graph.name}_int8_emulation", opset=DEVICE_OPSET, taken=graph.names())
     for k, v in graph.initializers.items():
         b.initializer(k, v.astype(np.float16).astype(np.float32) if v.dtype == np.float32 else v)
     inp = graph.inputs[0]
-    b.add("Cast", ["input"], inp, to=onnx.TensorProto.FLOAT)  # the float16 AIPP output, computed on as float32
+    feed = b.fresh("aipp_output")
+    b.add("Cast", [feed], inp, to=onnx.TensorProto.FLOAT)  # the float16 AIPP output, computed on as float32
     for node in graph.nodes:
         floating = all(graph.tensors[o].dtype in ("float32", "float16") for o in node.outputs)
         if floating and not get_op(node.op, node.name).rounds_itself:
@@ -76,7 +77,7 @@ def emulation_model(graph: Graph, extra_outputs=()) -> onnx.ModelProto:
         else:
             get_op(node.op, node.name).to_onnx(node, b)
     outs = list(graph.outputs) + [t for t in extra_outputs if t not in graph.outputs]
-    return b.model([("input", graph.tensors[inp].shape, "float16")], [(o, graph.shape(o), "float32") for o in outs])
+    return b.model([(feed, graph.tensors[inp].shape, "float16")], [(o, graph.shape(o), "float32") for o in outs])
 
 
 # the ONNX operations that carry the device's roundings and integer arithmetic in the emulation
@@ -96,7 +97,7 @@ class Emulator(Runner):
         deploy = quantized_graph(graph, qparams) if qparams is not None else graph
         model = emulation_model(deploy, extra_outputs)
         steps = _step_counts(model)
-        super().__init__(model, "input", deploy.tensors[deploy.inputs[0]].shape[0],
+        super().__init__(model, model.graph.input[0].name, deploy.tensors[deploy.inputs[0]].shape[0],
                          keeps=lambda optimized: _step_counts(optimized) == steps, input_dtype=np.float16)
         self.graph = deploy
 

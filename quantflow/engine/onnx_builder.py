@@ -23,18 +23,24 @@ def onnx_type(dtype: str) -> int:
 
 
 class OnnxBuilder:
-    def __init__(self, name: str = "quantflow", opset: int = OPSET, target: str = "compute"):
+    def __init__(self, name: str = "quantflow", opset: int = OPSET, target: str = "compute", taken=()):
         """``target``: "compute" lowers every op to what it computes (Ascend quantization operators
         included, as their arithmetic); "device" keeps AscendQuant/AscendDequant and the int8 cube as
-        the deploy operators atc compiles."""
+        the deploy operators atc compiles.  ``taken``: names fresh() must not return (the IR's own
+        tensor names, which the lowerings write as they are)."""
         self.name, self.opset, self.target = name, opset, target
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: dict[str, np.ndarray] = {}
+        self._taken = set(taken)
         self._count = 0
 
     def fresh(self, hint: str) -> str:
-        self._count += 1
-        return f"{hint}__{self._count}"
+        """A tensor or node name used nowhere else in the model."""
+        while True:
+            self._count += 1
+            name = f"{hint}__{self._count}"
+            if name not in self._taken:
+                return name
 
     def const(self, value, hint: str = "const", dtype=None) -> str:
         arr = np.asarray(value, dtype=dtype)

@@ -58,6 +58,11 @@ class Graph:
             return tuple(self.initializers[name].shape)
         return self.tensors[name].shape
 
+    def names(self) -> set[str]:
+        """Every name in use: tensors, initializers and nodes."""
+        return (set(self.inputs) | set(self.initializers) | set(self.tensors)
+                | {o for n in self.nodes for o in n.outputs} | {n.name for n in self.nodes})
+
     def node(self, name: str) -> Node:
         for n in self.nodes:
             if n.name == name:

@@ -193,16 +193,37 @@ def _pad_onnx(node, b):
           node.outputs[0], mode="constant")
 
 
+def _padv3_from_mindir(ctx):
+    """PadV3 (``ops.pad``): paddings from the last axis backwards, as (begin, end) pairs when
+    ``paddings_contiguous`` (the default), else all begins then all ends."""
+    x = ctx.tensor(0)
+    rank = len(ctx.shape(x))
+    flat = as_ints(ctx.get(1, "paddings", ()))
+    mode = str(ctx.attr("mode", "constant")).lower()
+    if mode != "constant":
+        ctx.fail(f"PadV3 mode {mode!r} (only constant padding is supported)")
+    if len(flat) % 2 or len(flat) // 2 > rank:
+        ctx.fail(f"PadV3 with paddings {flat} for a rank-{rank} tensor")
+    k = len(flat) // 2
+    pairs = [(flat[2 * i], flat[2 * i + 1]) for i in range(k)] if ctx.attr("paddings_contiguous", True) \
+        else [(flat[i], flat[k + i]) for i in range(k)]
+    pairs = [(0, 0)] * (rank - k) + pairs[::-1]   # first axis first
+    value = np.asarray(ctx.get(2, "constant_value", 0.0), np.float32).reshape(-1)
+    return [x], {"pads": [b for b, _ in pairs] + [e for _, e in pairs], "value": float(value[0]) if value.size else 0.0}
+
+
 def _pad_ms(node, w):
     pads = node.attrs["pads"]
     rank = len(pads) // 2
     pairs = tuple((pads[i], pads[i + rank]) for i in range(rank))
-    if node.attrs["value"] != 0.0:
-        raise UnsupportedNetworkError(f"node {node.label}: Pad with value {node.attrs['value']} in the deploy network")
-    return f"{w.prim('ops.Pad(%s)' % (pairs,))}({w.x(node, 0)})"
+    if node.attrs["value"] == 0.0:
+        return f"{w.prim('ops.Pad(%s)' % (pairs,))}({w.x(node, 0)})"
+    flat = tuple(p for pair in pairs[::-1] for p in pair)   # ops.pad: last axis first
+    return f"ops.pad({w.x(node, 0)}, {flat}, value=float({str(node.attrs['value'])!r}))"
 
 
 register(OpDef("Pad", _pad_from_mindir, _pad_onnx, to_mindspore=_pad_ms))
+register(OpDef("PadV3", _padv3_from_mindir, _pad_onnx, to_mindspore=_pad_ms))
 
 
 # ----------------------------------------------------------------------------- Resize

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import UnsupportedNetworkError
 from .common import as_ints, data_format, norm_axis, pad_mode, pair, spatial_pads
 from .quant import int8_cube_onnx
 from .registry import OpDef, register
@@ -294,10 +295,23 @@ def _avgpool_onnx(node, b):
 
 
 def _pool_ms(name: str):
+    """MindSpore's pooling primitives take pad modes "VALID" / "SAME" only: explicit pads ("pad") are
+    written as a -inf ``ops.pad`` (PadV3) before a VALID MaxPool, and AvgPool (averaging over the real
+    pixels) as nn.AvgPool2d with count_include_pad=False, which takes symmetric pads only."""
     def write(node, w):
         a = node.attrs
-        pool = w.prim(f"ops.{name}(kernel_size={tuple(a['kernel'])}, strides={tuple(a['strides'])}, "
-                      f"pad_mode={a['pad_mode'].upper()!r})")
+        k, s, (t, l, b, r) = tuple(a["kernel"]), tuple(a["strides"]), a["pads"]
+        if a["pad_mode"] != "pad" or not any(a["pads"]):
+            mode = "valid" if a["pad_mode"] == "pad" else a["pad_mode"]
+            pool = w.prim(f"ops.{name}(kernel_size={k}, strides={s}, pad_mode={mode.upper()!r})")
+            return f"{pool}({w.x(node, 0)})"
+        if name == "MaxPool":
+            pool = w.prim(f"ops.MaxPool(kernel_size={k}, strides={s}, pad_mode='VALID')")
+            return f"{pool}(ops.pad({w.x(node, 0)}, {(l, r, t, b)}, value=float('-inf')))"
+        if (t, l) != (b, r):
+            raise UnsupportedNetworkError(f"node {node.label}: average pooling with asymmetric pads {a['pads']} "
+                                          "(top, left, bottom, right) has no MindSpore form")
+        pool = w.prim(f"nn.AvgPool2d({k}, {s}, pad_mode='pad', padding={(t, l)}, count_include_pad=False)")
         return f"{pool}({w.x(node, 0)})"
     return write
 
