@@ -38,6 +38,9 @@ class ModelSection(_Section):
     checkpoint: Optional[Path] = Field(default=None, description="MindSpore .ckpt with the trained weights")
     mindir: Optional[Path] = Field(
         default=None, description="the trained network as a MINDIR file, instead of entry + checkpoint")
+    onnx: Optional[Path] = Field(
+        default=None, description="the trained network as an ONNX file (e.g. exported from PyTorch), instead of "
+                                  "entry + checkpoint")
     input_shape: tuple[int, int, int, int] = Field(description="N, C, H, W of the network input")
     input_name: str = Field(default="x", description="name of the graph input, used for atc --input_shape")
     num_classes: int = Field(gt=1)
@@ -53,10 +56,13 @@ class ModelSection(_Section):
 
     @model_validator(mode="after")
     def _source(self):
-        if self.mindir is None and (self.entry is None or self.checkpoint is None):
-            raise ValueError("give model.entry and model.checkpoint, or model.mindir")
-        if self.mindir is not None and self.checkpoint is not None:
-            raise ValueError("give model.checkpoint (with model.entry) or model.mindir, not both")
+        given = [k for k, v in (("model.entry", self.entry), ("model.mindir", self.mindir), ("model.onnx", self.onnx))
+                 if v is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one network: model.entry (with model.checkpoint), model.mindir or model.onnx, "
+                             f"not {' and '.join(given)}")
+        if not given or (self.entry is None) != (self.checkpoint is None):
+            raise ValueError("give model.entry and model.checkpoint, or model.mindir, or model.onnx")
         return self
 
     @field_validator("input_shape")

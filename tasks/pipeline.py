@@ -170,8 +170,8 @@ def do_graph():
     info = graph_stage(cfg(), kdir, _calibration_paths())
     v = info["verify"]
     ops = ", ".join(f"{k} {n}" for k, n in info["ops"].items())
-    print(f"graph IR of {info['mindir']} ({info['source']}): {info['nodes']} nodes ({ops})")
-    print(f"IR float output matches MindSpore on {v['images']} calibration images: largest |diff| "
+    print(f"graph IR of {info['model_file']} ({info['source']}): {info['nodes']} nodes ({ops})")
+    print(f"IR float output matches {v['reference']} on {v['images']} calibration images: largest |diff| "
           f"{v['max_abs_diff']:.2e} (relative {v['relative_diff']:.2e}, tolerance {v['tolerance']:g})")
     if info["float16_assumed_ops"]:
         print(f"note: the INT8 emulation models {', '.join(info['float16_assumed_ops'])} as float32 math rounded to "
@@ -216,7 +216,7 @@ def do_export():
           f"{kdir / st['deploy_mindir']} (network source {st['deploy_net']}), AMCT record -> {kdir / st['record']}")
     if not st["deploy_air"]:
         print(f"SKIPPED deploy AIR export: {st['deploy_air_skipped']}")
-    print(f"exported FP32 MindIR -> {kdir / st['mindir']}, FP32 ONNX -> {kdir / st['fp32_onnx']}")
+    print(f"FP32 network -> {kdir / st['model_file']}, FP32 ONNX (graph IR) -> {kdir / st['fp32_onnx']}")
     if st["air"]:
         print(f"exported FP32 AIR -> {kdir / st['air']}")
     else:
@@ -284,6 +284,7 @@ def _summary() -> dict:
             "deploy_onnx": path("export", export["deploy_onnx"]), "deploy_mindir": path("export", export["deploy_mindir"]),
             "deploy_air": path("export", export.get("deploy_air")), "record": path("export", export["record"]),
             "mindir": path("export", export["mindir"]), "air": path("export", export["air"]),
+            "model_file": path("export", export["model_file"]),
             "aipp_config": path("aipp", "aipp.cfg"), "om": path("atc", atc.get("om")),
             "atc": atc["status"] if atc["status"] != "skipped" else f"skipped: {atc['reason']}",
             "gate": {k: gate[k] for k in ("passed", "fp32_top1", "int8_top1", "drop", "threshold")},
@@ -321,7 +322,7 @@ def task_preflight():
     """Cheap checks of the network, data and preprocessing, before any expensive stage."""
     c = cfg()
     model_file = c.path(c.model.checkpoint) if c.model.checkpoint and c.train is None else (
-        c.path(c.model.mindir) if c.model.mindir else None)
+        c.path(c.model.mindir or c.model.onnx) if (c.model.mindir or c.model.onnx) else None)
     digest = cache.file_sha256(model_file) if model_file and model_file.is_file() else None
     return {
         "actions": [do_preflight],
@@ -408,7 +409,7 @@ def task_fallback():
 @create_after(executed="sample")
 def task_export():
     """Stage 3b: the INT8 deploy graph (ONNX) and AMCT record; FP32 MindIR, AIR when the Ascend backend is available."""
-    return _keyed("export", do_export, ["export.json", "model.mindir", "deploy.onnx", "deploy.mindir", "record.txt"],
+    return _keyed("export", do_export, ["export.json", "deploy.onnx", "deploy.mindir", "record.txt"],
                   ["fallback"],
                   task_export.__doc__)
 

@@ -66,20 +66,30 @@ def test_missing_required_field():
         config_from_dict(d)
 
 
-def test_model_source_is_entry_and_checkpoint_or_a_mindir():
+def test_model_source_is_entry_and_checkpoint_or_a_mindir_or_an_onnx_file():
     d = demo_dict()
     del d["model"]["checkpoint"]
-    with pytest.raises(ConfigError, match="give model.entry and model.checkpoint, or model.mindir"):
+    with pytest.raises(ConfigError, match="give model.entry and model.checkpoint, or model.mindir, or model.onnx"):
         config_from_dict(d)
     d["model"]["mindir"] = "net.mindir"
+    with pytest.raises(ConfigError, match="not model.entry and model.mindir"):
+        config_from_dict(d)
+    del d["model"]["entry"]
     with pytest.raises(ConfigError, match=r"\[train\] needs model.entry"):
-        config_from_dict({**d, "model": {k: v for k, v in d["model"].items() if k != "entry"}})
+        config_from_dict(d)
     del d["train"]
     cfg = config_from_dict(d, root="/r")
     assert cfg.path(cfg.model.mindir).as_posix() == "/r/net.mindir" and cfg.model.checkpoint is None
     d["model"]["checkpoint"] = "x.ckpt"
-    with pytest.raises(ConfigError, match="not both"):
+    with pytest.raises(ConfigError, match="give model.entry and model.checkpoint, or model.mindir, or model.onnx"):
         config_from_dict(d)
+    del d["model"]["checkpoint"]
+    d["model"]["onnx"] = "net.onnx"
+    with pytest.raises(ConfigError, match="not model.mindir and model.onnx"):
+        config_from_dict(d)
+    del d["model"]["mindir"]
+    cfg = config_from_dict(d, root="/r")
+    assert cfg.path(cfg.model.onnx).as_posix() == "/r/net.onnx" and cfg.model.entry is None
 
 
 def test_cross_field_consistency():

@@ -95,7 +95,8 @@ def stage_inputs(cfg, stage: str, manifest_path: Path, upstream: dict[str, str])
     manifest = _file(manifest_path)
     own = {
         "graph": lambda: {"model": c["model"], "checkpoint": _file(cfg.model.checkpoint and cfg.path(cfg.model.checkpoint)),
-                          "mindir": _file(cfg.model.mindir and cfg.path(cfg.model.mindir)), "manifest": manifest,
+                          "mindir": _file(cfg.model.mindir and cfg.path(cfg.model.mindir)),
+                          "onnx": _file(cfg.model.onnx and cfg.path(cfg.model.onnx)), "manifest": manifest,
                           "normalization": c["normalization"]},
         "calibrate": lambda: {"calibration": c["calibration"], "manifest": manifest, "normalization": c["normalization"],
                               "quantization": {k: v for k, v in c["quantization"].items()

@@ -36,16 +36,15 @@ def _network_output(cfg, load_weights: bool) -> tuple[int, ...]:
     return tuple(y.shape)
 
 
-def _mindir_output(cfg) -> tuple[int, ...]:
-    from ..frontends.mindir import read_mindir
+def _model_file_output(cfg) -> tuple[int, ...]:
+    """The output shape of model.mindir / model.onnx, read as the graph stage reads it."""
+    from ..frontends.source import model_file, read_model, source_field
 
-    path = cfg.path(cfg.model.mindir)
-    if not path.is_file():
-        raise ConfigError(f"model.mindir: file not found: {path}")
-    graph = read_mindir(path)
+    graph = read_model(cfg, Path("."))
     shape = graph.tensors[graph.inputs[0]].shape
     if tuple(shape) != tuple(cfg.model.input_shape):
-        raise ConfigError(f"model.input_shape {list(cfg.model.input_shape)}: {path} takes input {list(shape)}")
+        raise ConfigError(f"model.input_shape {list(cfg.model.input_shape)}: {source_field(cfg)} "
+                          f"{model_file(cfg, Path('.'))} takes input {list(shape)}")
     return graph.shape(graph.outputs[0])
 
 
@@ -65,8 +64,8 @@ def preflight(cfg) -> dict:
     from ..backends.aipp import build_and_verify
 
     _, c, h, w = cfg.model.input_shape
-    if cfg.model.mindir:
-        out = _mindir_output(cfg)
+    if cfg.model.mindir or cfg.model.onnx:
+        out = _model_file_output(cfg)
     else:
         out = _network_output(cfg, load_weights=cfg.train is None)
     if len(out) < 2 or out[-1] != cfg.model.num_classes:

@@ -1,12 +1,13 @@
 """The stage logic behind the doit tasks; each takes the configuration, its own artifact folder and
 the folders of the stages it reads from.
 
-    graph      MindIR (exported from model.entry + model.checkpoint, or model.mindir) -> graph IR,
-               whose float output is checked against MindSpore's on calibration images
+    graph      the network (MindIR exported from model.entry + model.checkpoint, model.mindir, or
+               model.onnx) -> graph IR, whose float output is checked against the source runtime's
+               (MindSpore, or onnxruntime on the ONNX file) on calibration images
     calibrate  observers on every quantized op's input; Ascend INT8 parameters -> qparams; per-layer
                error analysis -> sensitivity
     fallback   the INT8 parameters used: as calibrated, or with the most sensitive ops in float16
-    export     MindIR always; AIR when MindSpore's Ascend backend is available
+    export     the INT8 deploy graphs; the FP32 network (AIR when MindSpore's Ascend backend is available)
     aipp       AIPP config, verified against the training preprocessing
     atc        .om conversion when a CANN toolkit is present
     gate       INT8 emulation (from the uint8 image through AIPP) vs FP32, on held-out images
@@ -25,52 +26,31 @@ from ..images import ImageBatches
 from .atomic import PARTIAL, copy_file, save_npz, save_onnx, write_json, write_text  # every artifact appears whole
 
 
-def mindir_path(cfg, graph_dir: Path) -> Path:
-    """The MindIR every stage reads: model.mindir as given, or the one the graph stage exported."""
-    return cfg.path(cfg.model.mindir) if cfg.model.mindir else Path(graph_dir) / "model.mindir"
-
-
 def load_graph(cfg, graph_dir: Path):
-    from ..frontends.mindir import read_mindir
-    return read_mindir(mindir_path(cfg, graph_dir))
+    from ..frontends.source import read_model
+    return read_model(cfg, graph_dir)
 
 
 # ----------------------------------------------------------------------------- graph
 
-def mindspore_outputs(mindir: Path, x: np.ndarray, batch: int) -> np.ndarray:
-    """MindSpore's own output of a MindIR (the reference the IR is checked against)."""
-    import mindspore as ms
-
-    ms.set_context(mode=ms.GRAPH_MODE)
-    cell = ms.nn.GraphCell(ms.load(str(mindir)))
-    out = []
-    for s in range(0, len(x), batch):
-        chunk = x[s:s + batch]
-        real = len(chunk)
-        if real < batch:
-            chunk = np.concatenate([chunk, np.zeros((batch - real,) + chunk.shape[1:], np.float32)])
-        y = cell(ms.Tensor(np.ascontiguousarray(chunk, np.float32)))
-        y = y[0] if isinstance(y, (tuple, list)) else y
-        out.append(y.asnumpy()[:real])
-    return np.concatenate(out)
-
-
-def verify_graph(graph, mindir: Path, x: np.ndarray, tolerance: float) -> dict:
-    """Compare the IR's float output (onnxruntime) with MindSpore's on ``x``; raise when beyond tolerance."""
+def verify_graph(graph, x: np.ndarray, reference: np.ndarray, where, tolerance: float,
+                 runtime: str = "MindSpore") -> dict:
+    """Compare the IR's float output (onnxruntime) on ``x`` with ``reference``, the source runtime's
+    output of the same network (``runtime`` names it); raise when beyond tolerance."""
     from ..engine.float_runner import float_runner
 
     got = float_runner(graph).run(x)[graph.outputs[0]]
-    ref = mindspore_outputs(mindir, x, graph.tensors[graph.inputs[0]].shape[0])
+    ref = np.asarray(reference, np.float32)
     if got.shape != ref.shape:
-        raise UnsupportedNetworkError(f"{mindir}: the graph IR gives output shape {got.shape}, MindSpore {ref.shape}")
+        raise UnsupportedNetworkError(f"{where}: the graph IR gives output shape {got.shape}, {runtime} {ref.shape}")
     scale = max(float(np.abs(ref).max()), 1e-6)
     err = float(np.abs(got - ref).max())
-    report = {"images": int(len(x)), "max_abs_diff": err, "reference_max_abs": scale,
+    report = {"images": int(len(x)), "max_abs_diff": err, "reference_max_abs": scale, "reference": runtime,
               "relative_diff": err / scale, "tolerance": tolerance,
               "top1_agreement": float((got.reshape(len(x), -1).argmax(1) == ref.reshape(len(x), -1).argmax(1)).mean())}
     if err / scale > tolerance:
         raise UnsupportedNetworkError(
-            f"{mindir}: the graph IR does not compute what MindSpore computes: largest |diff| {err:.3g} on outputs "
+            f"{where}: the graph IR does not compute what {runtime} computes: largest |diff| {err:.3g} on outputs "
             f"up to {scale:.3g} (relative {err / scale:.2e} > model.verify_tolerance {tolerance:g}) over {len(x)} "
             f"calibration images")
     return report
@@ -79,30 +59,32 @@ def verify_graph(graph, mindir: Path, x: np.ndarray, tolerance: float) -> dict:
 def graph_stage(cfg, kdir: Path, calibration_paths: list[Path]) -> dict:
     from ..backends.export import export_mindir
     from ..engine.float_runner import to_onnx
+    from ..frontends.source import check_given_file, model_file, reference_outputs, source_field
     from ..model import build_network
 
     kdir = Path(kdir)
-    if cfg.model.mindir:
-        if not cfg.path(cfg.model.mindir).is_file():
-            raise ConfigError(f"model.mindir: file not found: {cfg.path(cfg.model.mindir)}")
-        source = f"model.mindir {cfg.path(cfg.model.mindir)}"
-    else:
+    check_given_file(cfg)
+    if cfg.model.entry:
         export_mindir(build_network(cfg), cfg.model.input_shape, kdir / "model.mindir")
         source = f"exported from {cfg.model.entry} + {cfg.path(cfg.model.checkpoint)}"
-    mindir = mindir_path(cfg, kdir)
+    else:
+        source = f"{source_field(cfg)} {model_file(cfg, kdir)}"
+    path = model_file(cfg, kdir)
     graph = load_graph(cfg, kdir)
     shape = graph.tensors[graph.inputs[0]].shape
     if tuple(shape) != tuple(cfg.model.input_shape):
-        raise UnsupportedNetworkError(f"{mindir}: the network input is {list(shape)}, model.input_shape says "
+        raise UnsupportedNetworkError(f"{path}: the network input is {list(shape)}, model.input_shape says "
                                       f"{list(cfg.model.input_shape)}")
     n = cfg.model.verify_images
     x = next(iter(ImageBatches.for_config(cfg, calibration_paths[:n], n)))
-    check = verify_graph(graph, mindir, x, cfg.model.verify_tolerance)
+    reference = reference_outputs(cfg, kdir, x, shape[0])
+    check = verify_graph(graph, x, reference, path, cfg.model.verify_tolerance,
+                         "onnxruntime (the ONNX file as given)" if cfg.model.onnx else "MindSpore")
     save_onnx(to_onnx(graph, input_name=cfg.model.input_name), kdir / "graph.onnx")
     from ..ops import get as get_op
     from ..quantization.passes import fold_for_quantization
     approximate = sorted(op for op in fold_for_quantization(graph).op_counts() if not get_op(op).exact_in_fp16)
-    info = {"source": source, "mindir": str(mindir), "nodes": len(graph.nodes), "ops": graph.op_counts(),
+    info = {"source": source, "model_file": str(path), "nodes": len(graph.nodes), "ops": graph.op_counts(),
             "parameters": int(sum(v.size for v in graph.initializers.values())), "verify": check,
             "float16_assumed_ops": approximate}
     write_json(kdir / "graph.json", info)
@@ -138,7 +120,7 @@ def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path], graph_dir: P
     qp, cal = calibrate_with(graph, batches, k.method, k.percentile, k.histogram_bins, k.kl_max_clipped, q.skip,
                              q.methods)
     if not qp.ops:
-        raise UnsupportedNetworkError(f"{mindir_path(cfg, graph_dir)}: no Conv2D or MatMul with constant weights is "
+        raise UnsupportedNetworkError(f"{model_file(cfg, graph_dir)}: no Conv2D or MatMul with constant weights is "
                                       f"left to quantize (quantization.skip: {list(q.skip)})")
     sample = ImageBatches.for_config(cfg, calibration_paths[:q.sensitivity_images], k.batch_size)
     if q.bias_correction:
@@ -229,15 +211,20 @@ def export_stage(cfg, kdir: Path, graph_dir: Path, qparams_dir: Path) -> dict:
     from ..quantization.passes import fold_for_quantization
     from ..quantization.qparams import QuantParams
 
+    from ..frontends.source import model_file
+
     kdir = Path(kdir)
-    copy_file(mindir_path(cfg, graph_dir), kdir / "model.mindir")  # everything atc may read, in one place
+    # everything atc may read, in one place
+    source = "model.onnx" if cfg.model.onnx else "model.mindir"
+    copy_file(model_file(cfg, graph_dir), kdir / source)
     copy_file(Path(graph_dir) / "graph.onnx", kdir / "graph.onnx")
-    if cfg.model.mindir:
-        status = {"mindir": "model.mindir", "air": None,
-                  "air_skipped": "model.mindir was given without model.entry: AIR is exported from the network"}
-    else:
+    if cfg.model.entry:
         from ..model import build_network
         status = {"mindir": "model.mindir", **export_air(build_network(cfg), cfg.model.input_shape, kdir, "model")}
+    else:
+        status = {"mindir": None if cfg.model.onnx else "model.mindir", "air": None,
+                  "air_skipped": f"{source} was given without model.entry: AIR is exported from the network"}
+    status["model_file"] = source
     graph = fold_for_quantization(load_graph(cfg, graph_dir))
     qp = QuantParams.load(qparams_dir)
     deploy = deploy_model(graph, qp, cfg.model.input_name)
@@ -319,7 +306,7 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
     write_report(report, kdir / "accuracy_report.json", kdir / "accuracy_report.txt")
     sensitivity = json.loads((Path(calibrate_dir) / "sensitivity.json").read_text())
     fallback = json.loads((Path(fallback_dir) / "fallback.json").read_text())
-    html.write(kdir / "report.html", f"quantflow build report: {cfg.model.entry or cfg.model.mindir}", report,
+    html.write(kdir / "report.html", f"quantflow build report: {cfg.model.entry or cfg.model.mindir or cfg.model.onnx}", report,
                sensitivity, load_histograms(calibrate_dir, QuantParams.load(calibrate_dir)), fallback)
     print(format_table(report))
     print(f"build report: {kdir / 'report.html'}")

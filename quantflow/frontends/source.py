@@ -1,0 +1,84 @@
+"""The configured network, whatever its format: the file that holds it, how it is read into the graph
+IR, and the runtime whose output the IR is checked against.
+
+- ``model.onnx``: the ONNX file as given, read by ``onnx_model.read_onnx`` with its input fixed to
+  ``model.input_shape``; the reference is onnxruntime running that file unchanged.
+- ``model.mindir``: the MindIR as given; ``model.entry`` + ``model.checkpoint``: the MindIR the graph
+  stage exports into its folder.  The reference is MindSpore running the MindIR.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError
+
+
+def source_field(cfg) -> str:
+    return "model.onnx" if cfg.model.onnx else ("model.mindir" if cfg.model.mindir else "model.entry")
+
+
+def model_file(cfg, graph_dir: Path) -> Path:
+    """The file every stage reads the network from."""
+    if cfg.model.onnx:
+        return cfg.path(cfg.model.onnx)
+    return cfg.path(cfg.model.mindir) if cfg.model.mindir else Path(graph_dir) / "model.mindir"
+
+
+def check_given_file(cfg) -> None:
+    """A model file named in the configuration exists (the exported MindIR is the graph stage's own)."""
+    if cfg.model.onnx or cfg.model.mindir:
+        path = model_file(cfg, Path("."))
+        if not path.is_file():
+            raise ConfigError(f"{source_field(cfg)}: file not found: {path}")
+
+
+def read_model(cfg, graph_dir: Path):
+    """The network as graph IR."""
+    check_given_file(cfg)
+    path = model_file(cfg, graph_dir)
+    if cfg.model.onnx:
+        from .onnx_model import read_onnx
+        return read_onnx(path, input_shape=cfg.model.input_shape)
+    from .mindir import read_mindir
+    return read_mindir(path)
+
+
+def _batched(run, x: np.ndarray, batch: int) -> np.ndarray:
+    out = []
+    for s in range(0, len(x), batch):
+        chunk = x[s:s + batch]
+        real = len(chunk)
+        if real < batch:
+            chunk = np.concatenate([chunk, np.zeros((batch - real,) + chunk.shape[1:], np.float32)])
+        out.append(run(np.ascontiguousarray(chunk, np.float32))[:real])
+    return np.concatenate(out)
+
+
+def mindspore_outputs(mindir: Path, x: np.ndarray, batch: int) -> np.ndarray:
+    """MindSpore's own output of a MindIR."""
+    import mindspore as ms
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    cell = ms.nn.GraphCell(ms.load(str(mindir)))
+
+    def run(chunk):
+        y = cell(ms.Tensor(chunk))
+        return (y[0] if isinstance(y, (tuple, list)) else y).asnumpy()
+    return _batched(run, x, batch)
+
+
+def onnxruntime_outputs(path: Path, x: np.ndarray, batch: int) -> np.ndarray:
+    """onnxruntime's output of the ONNX file as given (its first output)."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feed = sess.get_inputs()[0].name
+    return _batched(lambda chunk: sess.run(None, {feed: chunk})[0], x, batch)
+
+
+def reference_outputs(cfg, graph_dir: Path, x: np.ndarray, batch: int) -> np.ndarray:
+    """The source runtime's output of the configured network on ``x``."""
+    path = model_file(cfg, graph_dir)
+    return onnxruntime_outputs(path, x, batch) if cfg.model.onnx else mindspore_outputs(path, x, batch)
