@@ -148,17 +148,22 @@ def int8_cube_onnx(node, b, integer_lowering, device_op: str, device_attrs: dict
     if worst >= INT32_LIMIT:
         raise UnsupportedNetworkError(f"layer {node.label}: a channel's accumulator can reach {worst}, beyond int32 "
                                       f"(sum of |int8 weights| x 255 + |bias|)")
-    if float_lowering is not None and per_channel.max() * 255 < FLOAT32_EXACT:
+    if float_lowering is not None and (per_channel * 255 + np.abs(bias_q)).max() < FLOAT32_EXACT:
+        # the integers q - offset_x (DequantizeLinear with scale 1: the uint8 operand minus its zero point),
+        # convolved in float32 with the bias as the op's own: every partial sum an exact integer
         sub = copy.copy(node)
-        v = b.add("Sub", [b.add("Cast", [x], to=TensorProto.FLOAT),
-                          b.const(np.float32(node.attrs["offset_x"] + ZERO_SHIFT), "x_zero")])
-        sub.inputs, sub.outputs = [v, b.const(w_q.astype(np.float32), "weight_q")], [b.fresh("acc")]
+        v = b.add("DequantizeLinear", [x, b.const(np.float32(1), "unit_scale"),
+                                       b.const(np.uint8(node.attrs["offset_x"] + ZERO_SHIFT), "x_zero")])
+        sub.inputs = [v, b.const(w_q.astype(np.float32), "weight_q")]
+        if bias:
+            sub.inputs.append(b.const(b.initializers[bias].astype(np.float32).reshape(-1), "bias_q"))
+        sub.outputs = [b.fresh("acc")]
         float_lowering(sub, b)
-        acc = b.add("Cast", [sub.outputs[0]], to=TensorProto.INT32)
-    else:
-        acc = integer_lowering(b, x, (w_q.astype(np.int16) + ZERO_SHIFT).astype(np.uint8),
-                               b.const(np.uint8(node.attrs["offset_x"] + ZERO_SHIFT), "x_zero"),
-                               b.const(np.uint8(ZERO_SHIFT), "w_zero"))
+        b.add("Cast", [sub.outputs[0]], node.outputs[0], to=TensorProto.INT32)
+        return
+    acc = integer_lowering(b, x, (w_q.astype(np.int16) + ZERO_SHIFT).astype(np.uint8),
+                           b.const(np.uint8(node.attrs["offset_x"] + ZERO_SHIFT), "x_zero"),
+                           b.const(np.uint8(ZERO_SHIFT), "w_zero"))
     if bias is None:
         b.add("Identity", [acc], node.outputs[0])
         return
