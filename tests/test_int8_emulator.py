@@ -167,3 +167,23 @@ def test_every_style_quantizes_and_emulates_close_to_fp32(tmp_path, name):
     q = Emulator(folded, qp).logits(x.astype(np.float16))
     err = np.abs(fp - q).max() / np.abs(fp).max()
     assert 0 < err < 0.1, err
+
+
+def test_the_emulation_of_a_suffix_continues_the_full_one_bit_for_bit(residual):
+    """Graph.suffix(k) fed with the full emulation's values of the tensors it reads gives the same
+    output: the per-layer analysis runs only what follows a layer."""
+    _, folded, qp = residual
+    deploy = quantized_graph(folded, qp)
+    x16 = np.random.default_rng(5).normal(size=(8, 3, 16, 16)).astype(np.float16)
+    inner = [o for n in deploy.nodes for o in n.outputs if deploy.tensors[o].dtype == "float32"]
+    full = Emulator(deploy, extra_outputs=inner).outputs(x16, inner + deploy.outputs)
+    starts = [k for k, n in enumerate(deploy.nodes) if n.op == "Quant"][1:] + [len(deploy.nodes) - 3]
+    assert len(starts) >= 3
+    for k in starts:
+        tail = deploy.suffix(k)
+        assert len(tail.inputs) >= 1 and all(i in full for i in tail.inputs), tail.inputs
+        tail.check()
+        got = Emulator(tail).logits({i: full[i] for i in tail.inputs})
+        np.testing.assert_array_equal(got, full[deploy.outputs[0]])
+    residual_cut = deploy.suffix(next(k for k, n in enumerate(deploy.nodes) if n.op == "Add") - 3)
+    assert len(residual_cut.inputs) == 2  # the skip connection crosses the cut

@@ -64,10 +64,11 @@ def session(model: onnx.ModelProto, optimize: bool = True, keeps=None):
 
 
 class Runner:
-    """Runs an ONNX model of a single-input IR graph over any number of samples."""
+    """Runs an ONNX model of an IR graph over any number of samples, in chunks of the graph's batch size."""
 
-    def __init__(self, model: onnx.ModelProto, input_name: str, batch: int, optimize: bool = True, keeps=None,
-                 input_dtype=np.float32):
+    def __init__(self, model: onnx.ModelProto, input_name: str | list[str], batch: int, optimize: bool = True,
+                 keeps=None, input_dtype=np.float32):
+        """``input_name``: the model's input, or its inputs (then ``run`` takes a dict of arrays)."""
         import onnxruntime as ort
 
         self.sess = session(model, optimize, keeps)
@@ -76,17 +77,21 @@ class Runner:
         self.input_name, self.batch, self.input_dtype = input_name, batch, input_dtype
         self.output_names = [o.name for o in self.sess.get_outputs()]
 
-    def run(self, x: np.ndarray, outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+    def run(self, x, outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+        """``x``: the samples (an array), or for a multi-input model a dict input name -> array, every array
+        holding the same number of samples."""
         names = list(dict.fromkeys(outputs or self.output_names))  # each once
-        x = np.ascontiguousarray(x, self.input_dtype)
-        n = len(x)
+        feeds = x if isinstance(x, dict) else {self.input_name: x}
+        feeds = {k: np.ascontiguousarray(v, self.input_dtype) for k, v in feeds.items()}
+        n = len(next(iter(feeds.values())))
         parts: dict[str, list[np.ndarray]] = {k: [] for k in names}
         for s in range(0, n, self.batch):
-            chunk = x[s:s + self.batch]
-            real = len(chunk)
+            chunk = {k: v[s:s + self.batch] for k, v in feeds.items()}
+            real = len(next(iter(chunk.values())))
             if real < self.batch:
-                chunk = np.concatenate([chunk, np.zeros((self.batch - real,) + chunk.shape[1:], chunk.dtype)])
-            for k, v in zip(names, self.sess.run(names, {self.input_name: chunk})):
+                chunk = {k: np.concatenate([v, np.zeros((self.batch - real,) + v.shape[1:], v.dtype)])
+                         for k, v in chunk.items()}
+            for k, v in zip(names, self.sess.run(names, chunk)):
                 parts[k].append(v[:real] if v.ndim and v.shape[0] == self.batch else v)
         return {k: np.concatenate(v) if v and v[0].ndim else (v[0] if v else None) for k, v in parts.items()}
 

@@ -67,9 +67,9 @@ def emulation_model(graph: Graph, extra_outputs=()) -> onnx.ModelProto:
     b = OnnxBuilder(f"{graph.name}_int8_emulation", opset=DEVICE_OPSET, taken=graph.names())
     for k, v in graph.initializers.items():
         b.initializer(k, v.astype(np.float16).astype(np.float32) if v.dtype == np.float32 else v)
-    inp = graph.inputs[0]
-    feed = b.fresh("aipp_output")
-    b.add("Cast", [feed], inp, to=onnx.TensorProto.FLOAT)  # the float16 AIPP output, computed on as float32
+    feeds = [b.fresh("float16_input") for _ in graph.inputs]
+    for feed, inp in zip(feeds, graph.inputs):  # float16 values (the AIPP output), computed on as float32
+        b.add("Cast", [feed], inp, to=onnx.TensorProto.FLOAT)
     for node in graph.nodes:
         floating = all(graph.tensors[o].dtype in ("float32", "float16") for o in node.outputs)
         if floating and not get_op(node.op, node.name).rounds_itself:
@@ -77,7 +77,8 @@ def emulation_model(graph: Graph, extra_outputs=()) -> onnx.ModelProto:
         else:
             get_op(node.op, node.name).to_onnx(node, b)
     outs = list(graph.outputs) + [t for t in extra_outputs if t not in graph.outputs]
-    return b.model([(feed, graph.tensors[inp].shape, "float16")], [(o, graph.shape(o), "float32") for o in outs])
+    return b.model([(f, graph.tensors[i].shape, "float16") for f, i in zip(feeds, graph.inputs)],
+                   [(o, graph.shape(o), "float32") for o in outs])
 
 
 # the ONNX operations that carry the device's roundings and integer arithmetic in the emulation
@@ -91,18 +92,22 @@ def _step_counts(model: onnx.ModelProto) -> Counter:
 class Emulator(Runner):
     """Runs the emulation on float16-valued inputs (the AIPP output).
 
-    ``graph``: a deploy IR, or a BatchNorm-folded float IR together with its ``qparams``."""
+    ``graph``: a deploy IR, or a BatchNorm-folded float IR together with its ``qparams``.  A graph with
+    several inputs (e.g. ``Graph.suffix``) takes a dict input name -> float16-valued array."""
 
     def __init__(self, graph: Graph, qparams: QuantParams | None = None, extra_outputs=()):
         deploy = quantized_graph(graph, qparams) if qparams is not None else graph
         model = emulation_model(deploy, extra_outputs)
         steps = _step_counts(model)
-        super().__init__(model, model.graph.input[0].name, deploy.tensors[deploy.inputs[0]].shape[0],
+        self.feeds = dict(zip(deploy.inputs, (i.name for i in model.graph.input)))
+        super().__init__(model, self.feeds[deploy.inputs[0]], deploy.tensors[deploy.inputs[0]].shape[0],
                          keeps=lambda optimized: _step_counts(optimized) == steps, input_dtype=np.float16)
         self.graph = deploy
 
-    def logits(self, x16: np.ndarray) -> np.ndarray:
+    def logits(self, x16) -> np.ndarray:
         return self.outputs(x16)[self.graph.outputs[0]]
 
-    def outputs(self, x16: np.ndarray, names: list[str] | None = None) -> dict[str, np.ndarray]:
+    def outputs(self, x16, names: list[str] | None = None) -> dict[str, np.ndarray]:
+        if isinstance(x16, dict):
+            return self.run({self.feeds[k]: np.asarray(v, np.float16) for k, v in x16.items()}, names)
         return self.run(np.asarray(x16, np.float16), names)

@@ -95,6 +95,19 @@ class Graph:
         self.nodes = kept[::-1]
         self.initializers = {k: v for k, v in self.initializers.items() if k in needed}
 
+    def suffix(self, start: int) -> "Graph":
+        """The graph from node ``start`` on: its inputs are the tensors those nodes read that earlier nodes
+        (or the graph's inputs) produce, in order of first use; initializers, tensors and outputs as here."""
+        nodes = self.nodes[start:]
+        made = {o for n in nodes for o in n.outputs}
+        inputs = list(dict.fromkeys(i for n in nodes for i in n.inputs
+                                    if i and i not in made and i not in self.initializers))
+        inputs += [o for o in self.outputs if o not in made and o not in inputs]
+        used = {i for n in nodes for i in n.inputs}
+        return Graph(list(nodes), inputs, list(self.outputs),
+                     {k: v for k, v in self.initializers.items() if k in used},
+                     {k: t for k, t in self.tensors.items() if k in made or k in inputs}, self.name)
+
     def op_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for n in self.nodes:
