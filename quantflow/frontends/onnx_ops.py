@@ -1,0 +1,549 @@
+"""ONNX ops -> graph IR nodes: the per-node context (``Ctx``) and one handler per ONNX op type
+(``HANDLERS``), used by the ONNX front-end (``onnx_model.py``, whose docstring lists the mappings)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import UnsupportedNetworkError
+from ..ir import Node, TensorInfo
+from ..ops.common import same_pads
+
+
+@dataclass
+class Const:
+    """A value known when the model is read; ``name``: its tensor name should an IR op read it."""
+    array: np.ndarray
+    name: str
+
+
+def ir_array(arr: np.ndarray) -> np.ndarray:
+    """Float tensors are float32 in the IR (the emulator models float16 itself)."""
+    arr = np.asarray(arr)
+    if arr.dtype.kind == "f" and arr.dtype != np.float32:
+        return arr.astype(np.float32)
+    return arr
+
+
+def is_static(dims) -> bool:
+    return dims is not None and all(isinstance(d, int) and d > 0 for d in dims)
+
+
+
+# ----------------------------------------------------------------------------- per-node context
+
+class Ctx:
+    """One ONNX node while it becomes IR nodes."""
+
+    def __init__(self, reader, k: int, n, where: str):
+        self.r, self.k, self.n, self.where = reader, k, n, where
+        from onnx import helper
+        self.attrs = {}
+        for a in n.attribute:
+            v = helper.get_attribute_value(a)
+            self.attrs[a.name] = v.decode() if isinstance(v, bytes) else v
+
+    def fail(self, why: str):
+        raise UnsupportedNetworkError(f"{self.where}: {why}")
+
+    def attr(self, key: str, default=None):
+        return self.attrs.get(key, default)
+
+    def has(self, i: int) -> bool:
+        return i < len(self.n.input) and bool(self.n.input[i])
+
+    def x(self, i: int = 0) -> str:
+        """Input ``i`` as an IR tensor."""
+        if not self.has(i):
+            self.fail(f"input {i} is missing")
+        return self.r.tensor(self.n.input[i], self.where)
+
+    def const(self, i: int) -> np.ndarray | None:
+        return self.r.const(self.n.input[i]) if self.has(i) else None
+
+    def need_const(self, i: int, what: str) -> np.ndarray:
+        v = self.const(i)
+        if v is None:
+            self.fail(f"input {i} ({what}) is computed at run time; quantflow needs it to be a constant")
+        return v
+
+    def shape(self, i: int = 0) -> tuple[int, ...]:
+        return self.r.onnx_shape(self.n.input[i], self.where)
+
+    def out_shape(self, j: int = 0) -> tuple[int, ...]:
+        return self.r.onnx_shape(self.n.output[j], self.where)
+
+    def out_info(self, j: int = 0) -> TensorInfo:
+        return self.r.info(self.n.output[j], self.where)
+
+    def only_first_output(self) -> None:
+        if any(self.n.output[1:]):
+            self.fail(f"the node has {len([o for o in self.n.output if o])} outputs; quantflow supports only the "
+                      f"first (inference)")
+
+    def float_cast(self) -> bool:
+        from onnx import TensorProto
+        floats = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
+        src = self.r.infos.get(self.n.input[0], [None, None])[1]
+        return self.attr("to") in floats and (src in floats or src is None and not isinstance(
+            self.r.values.get(self.n.input[0]), Const))
+
+    def dropout_check(self) -> None:
+        if self.attr("is_test", 1) == 0 and self.r.opset < 7:
+            self.fail("Dropout in training mode")
+        if self.has(2):
+            mode = self.const(2)
+            if mode is None or bool(mode):
+                self.fail("Dropout with training_mode (export the network in inference mode)")
+        self.only_first_output()
+
+    def const_input(self, i: int, arr: np.ndarray, keep_name: bool) -> str:
+        """An initializer for a constant input: the ONNX one where its value is unchanged, else a new one."""
+        if keep_name and self.has(i):
+            return self.x(i)
+        name = self.r.claim(f"v{self.k}:const{i}")
+        self.r.initializers[name] = ir_array(arr)
+        return name
+
+    def emit(self, op: str, inputs: list[str], attrs: dict, suffix: str = "", infos: list[TensorInfo] | None = None,
+             outputs: int = 1, result: int | str | None = 0) -> list[str]:
+        """Append an IR node (named ``v<k>`` or ``v<k>_<suffix>``); output ``result`` becomes the ONNX node's first
+        output value (None: not the node's result; "all": output j is the ONNX node's output j)."""
+        base = f"v{self.k}" + (f"_{suffix}" if suffix else "")
+        name = self.r.claim(base)
+        outs = [name] if outputs == 1 else [self.r.claim(f"{name}:{i}") for i in range(outputs)]
+        infos = infos or [self.out_info()]
+        for o, info in zip(outs, infos):
+            self.r.tensors[o] = info
+        node = Node(name, op, list(inputs), outs, attrs, scope=self.n.name)
+        self.r.nodes.append(node)
+        for o in outs:
+            self.r.producer[o] = node
+        if result == "all":
+            for o, ir in zip(self.n.output, outs):
+                if o:
+                    self.r.values[o] = ir
+        elif result is not None:
+            self.r.values[self.n.output[0]] = outs[result]
+        return outs
+
+
+# ----------------------------------------------------------------------------- op handlers
+
+def _ints(v) -> list[int]:
+    return [int(i) for i in np.asarray(v).reshape(-1)]
+
+
+def _scalar(v) -> float:
+    return float(np.asarray(v).reshape(-1)[0])
+
+
+def _spatial_pads(ctx: Ctx, hw, kernel, strides, dilations) -> list[int]:
+    """IR pads [top, left, bottom, right] (ONNX's own order for 2-D: x1_begin, x2_begin, x1_end, x2_end)."""
+    mode = ctx.attr("auto_pad", "NOTSET") or "NOTSET"
+    if mode == "NOTSET":
+        pads = _ints(ctx.attr("pads", [0, 0, 0, 0]))
+        if len(pads) != 4:
+            ctx.fail(f"pads {pads} for a 2-D window")
+        if min(pads) < 0:
+            ctx.fail(f"negative pads {pads}")
+        return pads
+    if mode == "VALID":
+        return [0, 0, 0, 0]
+    if mode in ("SAME_UPPER", "SAME_LOWER"):
+        (t, b), (l, r) = (same_pads(hw[i], kernel[i], strides[i], dilations[i]) for i in range(2))
+        return [t, l, b, r] if mode == "SAME_UPPER" else [b, r, t, l]
+    ctx.fail(f"unsupported auto_pad {mode!r}")
+
+
+def _check_out_hw(ctx: Ctx, hw, kernel, strides, dilations, pads) -> None:
+    want = ctx.out_shape()[2:]
+    got = tuple((hw[i] + pads[i] + pads[i + 2] - ((kernel[i] - 1) * dilations[i] + 1)) // strides[i] + 1
+                for i in range(2))
+    if got != tuple(want):
+        ctx.fail(f"computed output size {got} differs from ONNX shape inference's {tuple(want)}")
+
+
+def _conv(ctx: Ctx):
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    if len(ws) != 4 or len(xs) != 4:
+        ctx.fail(f"only 2-D convolutions (NCHW input, 4-D weight) are supported; input {xs}, weight {ws}")
+    kernel = _ints(ctx.attr("kernel_shape", ws[2:]))
+    if tuple(kernel) != tuple(ws[2:]):
+        ctx.fail(f"kernel_shape {kernel} differs from the weight's {ws[2:]}")
+    strides, dilations = _ints(ctx.attr("strides", [1, 1])), _ints(ctx.attr("dilations", [1, 1]))
+    group = int(ctx.attr("group", 1))
+    pads = _spatial_pads(ctx, xs[2:], kernel, strides, dilations)
+    _check_out_hw(ctx, xs[2:], kernel, strides, dilations, pads)
+    attrs = {"pads": pads, "strides": strides, "dilations": dilations, "group": group}
+    if not ctx.has(2):
+        ctx.emit("Conv2D", [ctx.x(0), ctx.x(1)], attrs)
+        return
+    # MindSpore's Conv2d(has_bias=True): Conv2D + BiasAdd; the BiasAdd pass makes the bias the third input
+    y = ctx.emit("Conv2D", [ctx.x(0), ctx.x(1)], attrs, result=None)[0]
+    if ctx.shape(2) != (ws[0],):
+        ctx.fail(f"bias of shape {ctx.shape(2)}, expected ({ws[0]},)")
+    ctx.emit("BiasAdd", [y, ctx.x(2)], {"axis": 1, "rank": 4}, suffix="bias")
+
+
+def _gemm(ctx: Ctx):
+    alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
+    ta, tb = bool(ctx.attr("transA", 0)), bool(ctx.attr("transB", 0))
+    if len(ctx.shape(0)) != 2 or len(ctx.shape(1)) != 2:
+        ctx.fail(f"Gemm of shapes {ctx.shape(0)} and {ctx.shape(1)} (ONNX requires 2-D operands)")
+    w = ctx.const(1)
+    if alpha != 1.0:
+        if w is None:
+            ctx.fail(f"alpha {alpha} with a weight computed at run time")
+        b_in = ctx.const_input(1, (np.float64(alpha) * w.astype(np.float64)).astype(w.dtype), keep_name=False)
+    else:
+        b_in = ctx.x(1)
+    attrs = {"transpose_a": ta, "transpose_b": tb, "rank_a": 2, "rank_b": 2}
+    if not ctx.has(2):
+        ctx.emit("MatMul", [ctx.x(0), b_in], attrs)
+        return
+    m, n_out = ctx.out_shape()
+    c = ctx.const(2)
+    if c is None:
+        if beta != 1.0:
+            ctx.fail(f"beta {beta} with a bias computed at run time")
+        y = ctx.emit("MatMul", [ctx.x(0), b_in], attrs, result=None)[0]
+        ctx.emit("Add", [y, ctx.x(2)], {}, suffix="bias")
+        return
+    scaled = c if beta == 1.0 else (np.float64(beta) * c.astype(np.float64)).astype(c.dtype)
+    y = ctx.emit("MatMul", [ctx.x(0), b_in], attrs, result=None)[0]
+    if c.size in (1, n_out) and (c.ndim < 2 or c.shape[0] == 1):  # one value per output column: nn.Dense's bias
+        vec = np.broadcast_to(scaled.reshape(-1), (n_out,)).copy()
+        keep = beta == 1.0 and c.shape == (n_out,)
+        ctx.emit("BiasAdd", [y, ctx.const_input(2, vec, keep_name=keep)], {"axis": 1, "rank": 2}, suffix="bias")
+    else:
+        ctx.emit("Add", [y, ctx.const_input(2, scaled, keep_name=beta == 1.0)], {}, suffix="bias")
+
+
+def _matmul(ctx: Ctx):
+    ra, rb = len(ctx.shape(0)), len(ctx.shape(1))
+    if ra < 2 or rb < 2:
+        ctx.fail(f"MatMul with a 1-D operand (shapes {ctx.shape(0)}, {ctx.shape(1)})")
+    op = "MatMul" if ra == rb == 2 else "BatchMatMul"
+    ctx.emit(op, [ctx.x(0), ctx.x(1)], {"transpose_a": False, "transpose_b": False, "rank_a": ra, "rank_b": rb})
+
+
+def _batchnorm(ctx: Ctx):
+    if int(ctx.attr("training_mode", 0)):
+        ctx.fail("BatchNormalization in training mode (export the network in inference mode)")
+    if ctx.r.opset < 7 and not int(ctx.attr("is_test", 0)):
+        ctx.fail("BatchNormalization in training mode (is_test = 0)")
+    if int(ctx.attr("spatial", 1)) == 0:
+        ctx.fail("BatchNormalization with spatial = 0 (per-element statistics)")
+    ctx.only_first_output()
+    xs = ctx.shape(0)
+    if len(xs) not in (2, 4):
+        ctx.fail(f"BatchNormalization of a rank-{len(xs)} tensor (quantflow: NCHW or NC)")
+    c = TensorInfo((xs[1],), "float32")
+    ctx.emit("BatchNorm", [ctx.x(i) for i in range(5)], {"epsilon": float(ctx.attr("epsilon", 1e-5))},
+             infos=[ctx.out_info(), c, c, c, c], outputs=5)
+
+
+def _layernorm(ctx: Ctx):
+    ctx.only_first_output()
+    xs = ctx.shape(0)
+    rank = len(xs)
+    axis = int(ctx.attr("axis", -1))
+    axis = axis + rank if axis < 0 else axis
+    norm = tuple(xs[axis:])
+    params = []
+    for i, what in ((1, "scale"), (2, "bias")):
+        c = ctx.const(i) if ctx.has(i) else np.zeros(norm, np.float32)
+        if c is None:  # computed at run time: the IR's LayerNorm takes parameters of the normalized shape
+            if ctx.shape(i) != norm:
+                ctx.fail(f"{what} of shape {ctx.shape(i)} computed at run time, expected {norm}")
+            params.append(ctx.x(i))
+        else:
+            full = np.broadcast_to(c, norm).copy()
+            params.append(ctx.const_input(i, full, keep_name=c.shape == norm))
+    stats = TensorInfo(tuple(xs[:axis]) + (1,) * (rank - axis), "float32")
+    ctx.emit("LayerNorm", [ctx.x(0), *params], {"axis": axis, "rank": rank,
+                                                 "epsilon": float(ctx.attr("epsilon", 1e-5))},
+             infos=[ctx.out_info(), stats, stats], outputs=3)
+
+
+def _split(ctx: Ctx):
+    xs = ctx.shape(0)
+    axis = int(ctx.attr("axis", 0))
+    axis = axis + len(xs) if axis < 0 else axis
+    if ctx.has(1):
+        sizes = _ints(ctx.need_const(1, "split"))
+    elif ctx.attr("split") is not None:
+        sizes = _ints(ctx.attr("split"))
+    else:
+        parts = int(ctx.attr("num_outputs", len(ctx.n.output)))
+        size = -(-xs[axis] // parts)
+        sizes = [min(size, xs[axis] - j * size) for j in range(parts)]
+    if len(set(sizes)) != 1 or sum(sizes) != xs[axis]:
+        ctx.fail(f"Split of size {xs[axis]} into {sizes}: the IR's Split makes equal parts")
+    infos = []
+    for j, size in enumerate(sizes):
+        shape = list(xs)
+        shape[axis] = size
+        infos.append(TensorInfo(tuple(shape), ctx.out_info(0).dtype))
+    ctx.emit("Split", [ctx.x(0)], {"axis": axis, "sizes": sizes}, infos=infos, outputs=len(sizes), result="all")
+
+
+def _unary(op: str):
+    def handler(ctx: Ctx):
+        ctx.emit(op, [ctx.x(0)], {})
+    return handler
+
+
+def _clip(ctx: Ctx):
+    if ctx.r.opset < 11:
+        lo, hi = ctx.attr("min", None), ctx.attr("max", None)
+    else:
+        lo = _scalar(ctx.need_const(1, "min")) if ctx.has(1) else None
+        hi = _scalar(ctx.need_const(2, "max")) if ctx.has(2) else None
+    big = float(np.finfo(np.float32).max)
+    if lo == 0.0 and hi == 6.0:
+        ctx.emit("ReLU6", [ctx.x(0)], {})
+    elif lo == 0.0 and (hi is None or hi >= big):
+        ctx.emit("ReLU", [ctx.x(0)], {})
+    else:
+        ctx.fail(f"Clip to [{lo}, {hi}]: the IR has Clip to [0, 6] (ReLU6) and to [0, inf) (ReLU) only")
+
+
+def _hardsigmoid(ctx: Ctx):
+    alpha, beta = float(ctx.attr("alpha", 0.2)), float(ctx.attr("beta", 0.5))
+    if not (np.isclose(alpha, 1.0 / 6.0, rtol=1e-6, atol=0) and beta == 0.5):
+        ctx.fail(f"HardSigmoid with alpha {alpha}, beta {beta}: the IR's HSigmoid is alpha 1/6, beta 0.5")
+    ctx.emit("HSigmoid", [ctx.x(0)], {})
+
+
+def _mul(ctx: Ctx):
+    if ctx.k in ctx.r.silu:
+        ctx.emit("SiLU", [ctx.r.tensor(ctx.r.silu[ctx.k], ctx.where)], {})
+    else:
+        ctx.emit("Mul", [ctx.x(0), ctx.x(1)], {})
+
+
+def _add(ctx: Ctx):
+    """Add; a constant per-channel vector added to a Conv2D / 2-D MatMul output is that layer's BiasAdd."""
+    out = ctx.out_shape()
+    for t, c in ((0, 1), (1, 0)):
+        arr, src = ctx.const(c), ctx.r.values.get(ctx.n.input[t])
+        node = ctx.r.producer.get(src) if isinstance(src, str) else None
+        if arr is None or node is None or ctx.shape(t) != out:
+            continue
+        if node.op == "Conv2D" and len(out) == 4 and arr.ndim in (3, 4) and arr.shape[-3:] == (out[1], 1, 1) \
+                and arr.size == out[1]:
+            ctx.emit("BiasAdd", [ctx.x(t), ctx.const_input(c, arr.reshape(-1), keep_name=False)],
+                     {"axis": 1, "rank": 4})
+            return
+        if node.op == "MatMul" and len(out) == 2 and arr.size == out[1] and arr.shape in ((out[1],), (1, out[1])):
+            ctx.emit("BiasAdd", [ctx.x(t), ctx.const_input(c, arr.reshape(-1), keep_name=arr.ndim == 1)],
+                     {"axis": 1, "rank": 2})
+            return
+    ctx.emit("Add", [ctx.x(0), ctx.x(1)], {})
+
+
+def _binary(op: str):
+    def handler(ctx: Ctx):
+        ctx.emit(op, [ctx.x(0), ctx.x(1)], {})
+    return handler
+
+
+def _concat(ctx: Ctx):
+    rank = len(ctx.out_shape())
+    axis = int(ctx.attr("axis", 1 if ctx.r.opset < 4 else 0))
+    ctx.emit("Concat", [ctx.x(i) for i in range(len(ctx.n.input)) if ctx.has(i)],
+             {"axis": axis + rank if axis < 0 else axis})
+
+
+def _pool(op: str):
+    def handler(ctx: Ctx):
+        if len(ctx.n.output) > 1 and ctx.n.output[1]:
+            ctx.fail("MaxPool's Indices output is not supported")
+        xs = ctx.shape(0)
+        if len(xs) != 4:
+            ctx.fail(f"only 2-D pooling (NCHW) is supported, input {xs}")
+        kernel = _ints(ctx.attr("kernel_shape"))
+        strides = _ints(ctx.attr("strides", [1, 1]))
+        if _ints(ctx.attr("dilations", [1, 1])) != [1, 1]:
+            ctx.fail(f"dilated pooling (dilations {ctx.attr('dilations')})")
+        pads = _spatial_pads(ctx, xs[2:], kernel, strides, [1, 1])
+        count_pad = op == "AvgPool" and int(ctx.attr("count_include_pad", 0))
+        if int(ctx.attr("ceil_mode", 0)):
+            if count_pad and any(pads):
+                ctx.fail("AveragePool with ceil_mode and count_include_pad")
+            out = ctx.out_shape()[2:]
+            for i in range(2):  # ceil mode = the extra end padding that completes the last window
+                extra = (out[i] - 1) * strides[i] + kernel[i] - (xs[2 + i] + pads[i] + pads[i + 2])
+                if (out[i] - 1) * strides[i] >= xs[2 + i] + pads[i]:
+                    ctx.fail("ceil_mode with a last window that starts in the padding")
+                pads[i + 2] += max(extra, 0)
+        _check_out_hw(ctx, xs[2:], kernel, strides, [1, 1], pads)
+        x = ctx.x(0)
+        if count_pad and any(pads):  # divide by the whole window: pad with zeros first, then a valid pool
+            t, l, b, r = pads
+            padded = (xs[0], xs[1], xs[2] + t + b, xs[3] + l + r)
+            x = ctx.emit("Pad", [x], {"pads": [0, 0, t, l, 0, 0, b, r], "value": 0.0}, suffix="pad",
+                         infos=[TensorInfo(padded, "float32")], result=None)[0]
+            pads = [0, 0, 0, 0]
+        (t, b), (l, r) = (same_pads(xs[2 + i], kernel[i], strides[i]) for i in range(2))
+        same = [t, l, b, r]
+        mode = "valid" if not any(pads) else ("same" if pads == same else "pad")
+        ctx.emit(op, [x], {"kernel": kernel, "strides": strides, "pads": pads, "pad_mode": mode})
+    return handler
+
+
+def _global_pool(op: str):
+    def handler(ctx: Ctx):
+        xs = ctx.shape(0)
+        if len(xs) != 4:
+            ctx.fail(f"only 2-D global pooling (NCHW) is supported, input {xs}")
+        h, w = xs[2:]
+        ctx.emit(op, [ctx.x(0)], {"kernel": [h, w], "strides": [h, w], "pads": [0, 0, 0, 0], "pad_mode": "valid"})
+    return handler
+
+
+def _static_shape(op: str):
+    """Flatten / Reshape / Squeeze / Unsqueeze: the IR op with the static output shape."""
+    def handler(ctx: Ctx):
+        ctx.emit(op, [ctx.x(0)], {"shape": list(_out_shape(ctx, op))})
+    return handler
+
+
+def _out_shape(ctx: Ctx, op: str) -> tuple[int, ...]:
+    xs = ctx.shape(0)
+    if op == "Flatten":
+        axis = int(ctx.attr("axis", 1))
+        axis = axis + len(xs) if axis < 0 else axis
+        shape = (int(np.prod(xs[:axis])), int(np.prod(xs[axis:])))
+    elif op == "Reshape":
+        spec = _ints(ctx.need_const(1, "shape") if ctx.r.opset >= 5 else ctx.attr("shape"))
+        allow_zero = int(ctx.attr("allowzero", 0))
+        dims = [xs[i] if d == 0 and not allow_zero else d for i, d in enumerate(spec)]
+        if dims.count(-1) == 1:
+            known = int(np.prod([d for d in dims if d != -1]))
+            dims[dims.index(-1)] = int(np.prod(xs)) // known if known else 0
+        shape = tuple(dims)
+    else:
+        return ctx.out_shape()
+    inferred = ctx.r.infos.get(ctx.n.output[0], [None])[0]
+    if is_static(inferred) and tuple(inferred) != shape or int(np.prod(shape)) != int(np.prod(xs)):
+        ctx.fail(f"output shape {shape} from input {xs} disagrees with ONNX shape inference ({inferred})")
+    return shape
+
+
+def _transpose(ctx: Ctx):
+    rank = len(ctx.shape(0))
+    ctx.emit("Transpose", [ctx.x(0)], {"perm": _ints(ctx.attr("perm", list(range(rank))[::-1]))})
+
+
+def _softmax(ctx: Ctx):
+    rank = len(ctx.shape(0))
+    axis = int(ctx.attr("axis", -1 if ctx.r.opset >= 13 else 1))
+    axis = axis + rank if axis < 0 else axis
+    if ctx.r.opset < 13 and axis != rank - 1 and any(d != 1 for d in ctx.shape(0)[axis + 1:]):
+        ctx.fail(f"opset-{ctx.r.opset} Softmax over the flattened axes {axis}..{rank - 1} (the IR's Softmax is over "
+                 f"one axis)")
+    ctx.emit("Softmax", [ctx.x(0)], {"axis": axis})
+
+
+def _reduce_mean(ctx: Ctx):
+    rank = len(ctx.shape(0))
+    if ctx.r.opset >= 18 and ctx.has(1):
+        axes = _ints(ctx.need_const(1, "axes"))
+    else:
+        axes = _ints(ctx.attr("axes", []))
+    if not axes and int(ctx.attr("noop_with_empty_axes", 0)):
+        ctx.r.values[ctx.n.output[0]] = ctx.x(0)
+        return
+    axes = sorted(a + rank if a < 0 else a for a in axes) or list(range(rank))
+    ctx.emit("ReduceMean", [ctx.x(0)], {"axes": axes, "keepdims": bool(ctx.attr("keepdims", 1))})
+
+
+def _pad(ctx: Ctx):
+    rank = len(ctx.shape(0))
+    mode = ctx.attr("mode", "constant")
+    if mode != "constant":
+        ctx.fail(f"Pad mode {mode!r} (only constant padding is supported)")
+    if ctx.r.opset < 11:
+        pads, value = _ints(ctx.attr("pads")), float(ctx.attr("value", 0.0))
+    else:
+        pads = _ints(ctx.need_const(1, "pads"))
+        value = _scalar(ctx.need_const(2, "constant_value")) if ctx.has(2) else 0.0
+        if ctx.has(3):
+            axes = [a + rank if a < 0 else a for a in _ints(ctx.need_const(3, "axes"))]
+            full = [0] * (2 * rank)
+            for j, a in enumerate(axes):
+                full[a], full[a + rank] = pads[j], pads[j + len(axes)]
+            pads = full
+    if min(pads) < 0:
+        ctx.fail(f"negative pads {pads} (cropping)")
+    ctx.emit("Pad", [ctx.x(0)], {"pads": pads, "value": value})
+
+
+def _slice(ctx: Ctx):
+    shape = ctx.shape(0)
+    rank = len(shape)
+    if ctx.r.opset < 10:
+        starts, ends = _ints(ctx.attr("starts")), _ints(ctx.attr("ends"))
+        axes = _ints(ctx.attr("axes", list(range(len(starts)))))
+        steps = [1] * len(starts)
+    else:
+        starts, ends = _ints(ctx.need_const(1, "starts")), _ints(ctx.need_const(2, "ends"))
+        axes = _ints(ctx.need_const(3, "axes")) if ctx.has(3) else list(range(len(starts)))
+        steps = _ints(ctx.need_const(4, "steps")) if ctx.has(4) else [1] * len(starts)
+    given = {(a + rank if a < 0 else a): (s, e, st) for a, s, e, st in zip(axes, starts, ends, steps)}
+    if any(st == 0 for _, _, st in given.values()):
+        ctx.fail("Slice with step 0")
+    # every axis in order (the IR's StridedSlice lists them all), whole for the axes ONNX leaves out
+    full = [given.get(a, (0, shape[a], 1)) for a in range(rank)]
+    def clamp(v: int) -> int:  # INT64_MAX-style "to the end" stays beyond any dimension, in range of int64
+        return max(min(v, 2 ** 62), -(2 ** 62))
+    ctx.emit("StridedSlice", [ctx.x(0)], {"starts": [clamp(s) for s, _, _ in full],
+                                          "ends": [clamp(e) for _, e, _ in full], "axes": list(range(rank)),
+                                          "steps": [st for _, _, st in full], "squeeze": []})
+
+
+def _resize(ctx: Ctx):
+    if ctx.r.opset < 11:
+        ctx.fail(f"opset-{ctx.r.opset} Resize (quantflow reads Resize from opset 11)")
+    xs, out = ctx.shape(0), ctx.out_shape()
+    if len(xs) != 4 or tuple(out[:2]) != tuple(xs[:2]):
+        ctx.fail(f"Resize from {xs} to {out}: only the spatial dims of an NCHW tensor may change")
+    mode = ctx.attr("mode", "nearest")
+    coord = ctx.attr("coordinate_transformation_mode", "half_pixel")
+    if int(ctx.attr("antialias", 0)):
+        ctx.fail("Resize with antialias")
+    if mode == "nearest":
+        nearest = ctx.attr("nearest_mode", "round_prefer_floor")
+        if (coord, nearest) not in (("asymmetric", "floor"), ("align_corners", "round_prefer_ceil")):
+            ctx.fail(f"nearest Resize with coordinate_transformation_mode {coord!r} and nearest_mode {nearest!r} "
+                     f"(supported: asymmetric + floor, align_corners + round_prefer_ceil)")
+        op = "ResizeNearestNeighbor"
+    elif mode == "linear":
+        if coord == "pytorch_half_pixel" and min(out[2:]) > 1:
+            coord = "half_pixel"
+        if coord not in ("half_pixel", "align_corners", "asymmetric"):
+            ctx.fail(f"linear Resize with coordinate_transformation_mode {coord!r}")
+        op = "ResizeBilinear"
+    else:
+        ctx.fail(f"Resize mode {mode!r} (nearest and linear are supported)")
+    ctx.emit(op, [ctx.x(0)], {"size": list(out), "mode": mode, "coord": coord})
+
+
+HANDLERS = {
+    "Conv": _conv, "Gemm": _gemm, "MatMul": _matmul, "BatchNormalization": _batchnorm,
+    "Relu": _unary("ReLU"), "Clip": _clip, "Sigmoid": _unary("Sigmoid"), "HardSwish": _unary("HSwish"),
+    "HardSigmoid": _hardsigmoid, "Mul": _mul, "Add": _add, "Sub": _binary("Sub"), "Div": _binary("Div"),
+    "Concat": _concat, "MaxPool": _pool("MaxPool"), "AveragePool": _pool("AvgPool"),
+    "GlobalAveragePool": _global_pool("AdaptiveAvgPool2D"), "GlobalMaxPool": _global_pool("MaxPool"),
+    "Flatten": _static_shape("Flatten"), "Reshape": _static_shape("Reshape"), "Squeeze": _static_shape("Squeeze"),
+    "Unsqueeze": _static_shape("ExpandDims"), "Transpose": _transpose, "Softmax": _softmax,
+    "ReduceMean": _reduce_mean, "Pad": _pad, "Slice": _slice, "Resize": _resize,
+    "LayerNormalization": _layernorm, "Split": _split,
+}
+
+
+# ----------------------------------------------------------------------------- entry point
