@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import ConfigError
 
 DEFAULT_CONFIG_NAME = "quantflow.toml"
+# the AIPP templates shipped with the package; ``aipp.template`` may name one of them
+PACKAGED_AIPP_TEMPLATES = Path(__file__).resolve().parent / "aipp_templates"
 
 
 RangeMethod = Literal["minmax", "percentile", "kl", "mse"]
@@ -148,7 +150,8 @@ class EvaluationSection(_Section):
 
 
 class AippSection(_Section):
-    template: Path = Field(description="template from aipp_templates/")
+    template: Path = Field(description="an AIPP template file, or the name of one shipped with quantflow "
+                                       "(static_rgb888_u8.cfg, static_yuv400_u8.cfg)")
     input_channel_order: Literal["RGB", "BGR", "GRAY"] = Field(
         default="BGR", description="channel order of the raw frames fed to the model on the device")
     config_file: Optional[Path] = Field(
@@ -191,6 +194,15 @@ class BuildSection(_Section):
         return v
 
 
+class EngineSection(_Section):
+    """Where the heavy evaluation runs; results are the same bit for bit whatever is chosen."""
+    workers: int = Field(default=1, ge=1, description="local worker processes for the gate, the automatic fallback "
+                                                      "and the per-layer sensitivity sweep")
+    ray_address: Optional[str] = Field(
+        default=None, description="shard over a Ray cluster instead: 'auto' (the cluster this machine joined), "
+                                  "'local' (a Ray runtime started here) or 'ray://head:10001'")
+
+
 class TrainSection(_Section):
     entry: str = Field(description="'module:callable(config, checkpoint_path) -> metrics dict' that trains the model")
     epochs: int = Field(default=12, gt=0)
@@ -213,6 +225,7 @@ class QuantflowConfig(_Section):
     quantization: QuantizationSection = QuantizationSection()
     aipp: AippSection
     build: BuildSection = BuildSection()
+    engine: EngineSection = EngineSection()
     train: Optional[TrainSection] = None
 
     # directory the configuration file lives in; relative paths are resolved against it
@@ -239,6 +252,16 @@ class QuantflowConfig(_Section):
         """Resolve a configured path against the configuration's directory."""
         p = Path(p)
         return p if p.is_absolute() else (self.root / p)
+
+    @property
+    def aipp_template(self) -> Path:
+        """``aipp.template`` as a file: the path as configured when it exists, else the packaged template of that
+        name (a bare name, or the ``aipp_templates/<name>`` of configs written before the templates were packaged);
+        a path that is neither is returned as configured, for the reader to report as missing."""
+        p = self.path(self.aipp.template)
+        packaged = PACKAGED_AIPP_TEMPLATES / Path(self.aipp.template).name
+        bare = Path(self.aipp.template).parent in (Path("."), Path("aipp_templates"))
+        return packaged if not p.is_file() and bare and packaged.is_file() else p
 
     @property
     def out(self) -> Path:

@@ -98,7 +98,7 @@ def evaluate_demo(name: str, workdir: Path) -> dict:
         ev_u8 = perturb(ev_u8)
     pre = lambda u8: preprocess(u8, n.mean, n.std, n.scale, n.channel_order)  # noqa: E731
     cal, ev = pre(cal_u8), pre(ev_u8)
-    params = aipp.parse(aipp.render(cfg.path(cfg.aipp.template), aipp.aipp_values(
+    params = aipp.parse(aipp.render(cfg.aipp_template, aipp.aipp_values(
         cfg.model.input_shape, n.mean, n.std, n.scale, n.channel_order, cfg.aipp.input_channel_order)))
     ev16 = aipp_batch(params, ev_u8, cfg.aipp.input_channel_order)
     fp_top1 = float((float_runner(graph).run(ev)[graph.outputs[0]].argmax(1) == labels).mean())

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PROJECT_FILES = ["dodo.py", "quantflow.toml", "tasks", "aipp_templates", "calib_data", "eval_data"]
+PROJECT_FILES = ["dodo.py", "quantflow.toml", "tasks", "calib_data", "eval_data"]
 
 
 def copy_project(dest: Path) -> Path:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from quantflow.backends import aipp
-from quantflow.config import config_from_dict
+from quantflow.config import PACKAGED_AIPP_TEMPLATES, config_from_dict
 from quantflow.errors import AippMismatchError, ConfigError
 from quantflow.images import scan_class_folders
 
@@ -68,7 +68,7 @@ def test_wrong_domain_caught_without_a_reference(tmp_path):
 
 def test_hand_written_config_is_verified(tmp_path):
     good = tmp_path / "good.cfg"
-    good.write_text(aipp.render(REPO / "aipp_templates/static_rgb888_u8.cfg",
+    good.write_text(aipp.render(PACKAGED_AIPP_TEMPLATES / "static_rgb888_u8.cfg",
                                 aipp.aipp_values((1, 3, 32, 32), (0.471, 0.463, 0.467), (0.257, 0.26, 0.26), "0-1",
                                                  "RGB", "BGR")))
     assert aipp.build_and_verify(cfg_with(aipp={"config_file": str(good)}), CALIB, tmp_path / "o1.cfg")["images"]
@@ -88,7 +88,7 @@ def test_grayscale_template(tmp_path):
         cv2.imwrite(str(p), rng.integers(0, 256, (16, 16), dtype=np.uint8))
         paths.append(p)
     values = aipp.aipp_values((1, 1, 16, 16), (0.5,), (0.25,), "0-1", "GRAY", "GRAY")
-    params = aipp.parse(aipp.render(REPO / "aipp_templates/static_yuv400_u8.cfg", values))
+    params = aipp.parse(aipp.render(PACKAGED_AIPP_TEMPLATES / "static_yuv400_u8.cfg", values))
     ref = lambda img: ((img.astype(np.float32) / 255 - 0.5) / 0.25)[None]  # noqa: E731
     report = aipp.verify(params, paths, 1, "GRAY", ref, 5e-3, "gray", check_plausible=True)
     assert report["max_abs_diff"] < 5e-3

@@ -11,6 +11,7 @@ import nets
 from quantflow.engine.float_runner import float_runner
 from quantflow.errors import UnsupportedNetworkError
 from quantflow.frontends.mindir import read_mindir
+from quantflow.frontends.source import mindspore_outputs
 from quantflow.pipeline.stages import verify_graph
 from quantflow.quantization.passes import fold_for_quantization
 
@@ -89,8 +90,9 @@ def test_verify_catches_an_ir_that_differs_from_mindspore(exported):
     _, path = exported["ResNetStyle"]
     graph = read_mindir(path)
     x = np.random.default_rng(1).normal(size=(2, 3, 16, 16)).astype(np.float32)
-    assert verify_graph(graph, path, x, 1e-3)["relative_diff"] < 1e-5
+    reference = mindspore_outputs(path, x, batch=2)
+    assert verify_graph(graph, x, reference, path, 1e-3)["relative_diff"] < 1e-5
     w = next(n for n in graph.nodes if n.op == "Conv2D").inputs[1]
     graph.initializers[w] = graph.initializers[w] * 1.1
     with pytest.raises(UnsupportedNetworkError, match="does not compute what MindSpore computes"):
-        verify_graph(graph, path, x, 1e-3)
+        verify_graph(graph, x, reference, path, 1e-3)

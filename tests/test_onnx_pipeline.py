@@ -32,7 +32,7 @@ def _onnx_config(demo: Path, onnx_path: Path) -> str:
 def onnx_build(built_demo, tmp_path_factory):
     demo, _ = built_demo
     project = tmp_path_factory.mktemp("onnx_project")
-    for name in ("dodo.py", "tasks", "aipp_templates"):
+    for name in ("dodo.py", "tasks"):
         src = demo / name
         if src.is_dir():
             shutil.copytree(src, project / name, ignore=shutil.ignore_patterns("__pycache__"))

@@ -1,11 +1,13 @@
 """The doit graph end to end on the shipped demo (trains the model once per session, about a minute)."""
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 
 from conftest import run_doit, task_lines
+from quantflow.config import PACKAGED_AIPP_TEMPLATES
 
 ALL = ["preflight", "train", "sample", "graph", "calibrate", "fallback", "export", "aipp", "atc", "gate", "summary"]
 KEYED = ["graph", "calibrate", "fallback", "export", "aipp", "atc", "gate"]
@@ -67,7 +69,11 @@ def _threshold(project: Path) -> Path:
 
 
 def _aipp_template(project: Path) -> Path:
-    return project / "aipp_templates" / "static_rgb888_u8.cfg"
+    """A copy of the shipped template beside the config: the same content (same key) until edited."""
+    local = project / "static_rgb888_u8.cfg"
+    if not local.exists():
+        shutil.copy(PACKAGED_AIPP_TEMPLATES / local.name, local)
+    return local
 
 
 def _sampled_image(project: Path) -> Path:

@@ -1,6 +1,6 @@
 """Stage 4: AIPP configuration from the training normalization, verified numerically.
 
-The config is rendered from a template in aipp_templates/ (CANN ``aipp_op`` format), then
+The config is rendered from a template (CANN ``aipp_op`` format; quantflow ships two in quantflow/aipp_templates/), then
 **read back from the written file** and its formula
 
     out_chn_i = (pixel_chn_i - mean_chn_i - min_chn_i) * var_reci_chn_i
@@ -49,7 +49,10 @@ def aipp_values(input_shape, mean, std, scale: str, channel_order: str, input_ch
 def render(template_path: Path, values: dict) -> str:
     template_path = Path(template_path)
     if not template_path.is_file():
-        raise ConfigError(f"aipp.template: file not found: {template_path}")
+        from ..config import PACKAGED_AIPP_TEMPLATES
+        shipped = ", ".join(sorted(p.name for p in PACKAGED_AIPP_TEMPLATES.glob("*.cfg")))
+        raise ConfigError(f"aipp.template: file not found: {template_path} (or name a template shipped with "
+                          f"quantflow: {shipped})")
     text = template_path.read_text()
     try:
         return Template(text).substitute(values)
@@ -239,7 +242,7 @@ def build_and_verify(cfg, image_paths: list[Path], out_cfg: Path) -> dict:
     else:
         values = aipp_values(cfg.model.input_shape, norm.mean, norm.std, norm.scale, norm.channel_order,
                              a.input_channel_order)
-        text, origin = render(cfg.path(a.template), values), str(cfg.path(a.template))
+        text, origin = render(cfg.aipp_template, values), str(cfg.aipp_template)
     out_cfg = Path(out_cfg)
     out_cfg.parent.mkdir(parents=True, exist_ok=True)
     write_text(out_cfg, text)

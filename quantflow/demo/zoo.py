@@ -107,7 +107,7 @@ def build_project(arch: str, out: Path, size: int | None = None, calib_per_class
     export_mindir(randomize(create(arch)), (1, 3, size, size), out / "model.mindir")
     calib = _write_images(repo / "calib_data", out / "calib_data", size, calib_per_class)
     _write_images(repo / "eval_data", out / "eval_data", size, eval_per_class)
-    aipp = (repo / "aipp_templates" / "static_rgb888_u8.cfg").resolve()
+    aipp = Path("static_rgb888_u8.cfg")  # shipped with quantflow
     toml = out / "quantflow.toml"
     toml.write_text(TOML.format(arch=arch, size=size, calib=calib, method=method, aipp=aipp.as_posix(),
                                 verify=verify_images))

@@ -85,7 +85,7 @@ def _file(path) -> str | None:
 
 def aipp_source_digest(cfg) -> str | None:
     """Hash of the AIPP source: the hand-written config file, or the template."""
-    return _file(cfg.path(cfg.aipp.config_file) if cfg.aipp.config_file else cfg.path(cfg.aipp.template))
+    return _file(cfg.path(cfg.aipp.config_file) if cfg.aipp.config_file else cfg.aipp_template)
 
 
 def stage_inputs(cfg, stage: str, manifest_path: Path, upstream: dict[str, str]) -> dict:
