@@ -63,21 +63,25 @@ def _ort_quantize(fp32_onnx: Path, out: Path, batches: list[np.ndarray], input_n
     return seconds
 
 
-ROUNDS, ROUND_IMAGES = 3, 256
+ROUNDS, ROUND_SECONDS = 5, 0.5
 
 
 def _throughputs(runs: dict, images: int) -> dict[str, float]:
     """Images per second of each ``runs[name] = (run, batch)``, fed one batch at a time as the gate does:
-    the best of ``ROUNDS`` rounds over up to ``ROUND_IMAGES`` images, the runs interleaved within each round
-    so that a busy moment on a shared machine does not favour one of them."""
-    batches = -(-min(images, ROUND_IMAGES) // BATCH)
+    the best of ``ROUNDS`` rounds, each run in a round repeated for at least ``ROUND_SECONDS`` (at most
+    ``images`` images), the runs interleaved within each round so that a busy moment on a shared machine
+    does not favour one of them."""
+    most = max(1, -(-images // BATCH))
     for run, batch in runs.values():
         run(batch)  # warm-up
     best = {name: 0.0 for name in runs}
     for _ in range(ROUNDS):
         for name, (run, batch) in runs.items():
-            _, seconds = _timed(lambda: [run(batch) for _ in range(batches)])
-            best[name] = max(best[name], batches * BATCH / seconds)
+            done, start = 0, time.perf_counter()
+            while done < most and (done == 0 or time.perf_counter() - start < ROUND_SECONDS):
+                run(batch)
+                done += 1
+            best[name] = max(best[name], done * BATCH / (time.perf_counter() - start))
     return best
 
 
