@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PROJECT_FILES = ["dodo.py", "quantflow.toml", "tasks", "calib_data", "eval_data"]
+PROJECT_FILES = ["dodo.py", "quantflow.toml", "calib_data", "eval_data"]
 
 
 def copy_project(dest: Path) -> Path:
@@ -33,6 +33,12 @@ def clean_env(**extra) -> dict:
 
 def run_doit(project: Path, *args: str, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "doit", *args], cwd=project, env=env or clean_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_quantflow(project: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    """The installed command (``python -m quantflow.cli`` is what the ``quantflow`` script runs)."""
+    return subprocess.run([sys.executable, "-m", "quantflow.cli", *args], cwd=project, env=clean_env(),
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -131,10 +131,9 @@ def set_build(pipeline, monkeypatch, **build):
 
 @pytest.fixture
 def atc_stage(tmp_path, monkeypatch):
-    """tasks.pipeline's atc action on a prepared artifact folder."""
-    sys.path.insert(0, str(REPO))
+    """quantflow.pipeline.tasks' atc action on a prepared artifact folder."""
     from quantflow.config import config_from_dict
-    from tasks import pipeline
+    from quantflow.pipeline import tasks as pipeline
 
     d = tomllib.loads((REPO / "quantflow.toml").read_text())
     cfg = config_from_dict(d, root=tmp_path)

@@ -180,7 +180,7 @@ def test_a_second_build_in_the_same_folder_waits_for_the_first(built_demo):
     waited = time.monotonic() - start
     holder.wait()
     assert proc.returncode == 0
-    assert f"another build holds build/.quantflow.lock (pid {holder.pid}); waiting" in proc.stderr
+    assert f"another build holds {project / 'build' / '.quantflow.lock'} (pid {holder.pid}); waiting" in proc.stderr
     assert waited > 1.0  # it could not start before the holder let go
     status = task_lines(proc.stdout)
     assert all(status[t] == "up-to-date" for t in KEYED)  # then it found the first build's artifacts

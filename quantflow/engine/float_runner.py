@@ -38,6 +38,11 @@ def to_onnx(graph: Graph, extra_outputs: list[str] = (), input_name: str | None 
                    [(o, graph.shape(o), graph.tensors[o].dtype if o in graph.tensors else "float32") for o in outs])
 
 
+# onnxruntime threads per session; None: onnxruntime's default (one per core).  A worker process that
+# shares the machine with others sets its share (quantflow.engine.shard)
+THREADS: int | None = None
+
+
 def session(model: onnx.ModelProto, optimize: bool = True, keeps=None):
     """An onnxruntime CPU session.  ``keeps(optimized_model) -> bool``, when given, vets onnxruntime's
     graph optimizations: where it returns False the session runs the graph unoptimized."""
@@ -47,6 +52,8 @@ def session(model: onnx.ModelProto, optimize: bool = True, keeps=None):
         opts = ort.SessionOptions()
         opts.graph_optimization_level = level
         opts.log_severity_level = 3
+        if THREADS:
+            opts.intra_op_num_threads = THREADS
         if saved:
             opts.optimized_model_filepath = saved
         return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..backends import aipp
 from ..engine.float_runner import float_runner
+from ..engine import shard
 from ..engine.int8_emulator import Emulator
 from ..errors import DataError
 from ..images import load_images, preprocess, scan_class_folders
@@ -82,27 +83,44 @@ def _stack(parts: list[np.ndarray], n: int) -> np.ndarray:
     return np.concatenate(parts).reshape(n, -1).astype(np.float64)
 
 
-def fp32_logits(cfg, graph) -> tuple[np.ndarray, np.ndarray]:
-    """(FP32 logits, labels) of the held-out images: the graph IR on the training preprocessing."""
-    paths, labels = eval_items(cfg)
+def _fp32_shard(shared, paths) -> np.ndarray:
+    cfg, graph = shared
     n, runner = cfg.normalization, float_runner(graph)
     out = []
     with progress(len(paths), "gate: FP32") as bar:
         for images in _batches(cfg, paths):
             out.append(runner.run(preprocess(images, n.mean, n.std, n.scale, n.channel_order))[graph.outputs[0]])
             bar.update(len(images))
-    return _stack(out, len(paths)), labels
+    return _stack(out, len(paths))
 
 
-def int8_logits(cfg, folded, qparams, aipp_params: dict) -> np.ndarray:
-    """The INT8 emulation's logits of the held-out images, each fed as the device gets it (through AIPP)."""
-    paths, _ = eval_items(cfg)
+def _int8_shard(shared, paths) -> np.ndarray:
+    cfg, folded, qparams, aipp_params = shared
     emulator, out = Emulator(folded, qparams), []
     with progress(len(paths), "gate: INT8") as bar:
         for images in _batches(cfg, paths):
             out.append(emulator.logits(aipp_batch(aipp_params, images, cfg.aipp.input_channel_order)))
             bar.update(len(images))
     return _stack(out, len(paths))
+
+
+def _sharded(shard_fn, shared, cfg, paths: list) -> np.ndarray:
+    """``shard_fn`` over contiguous runs of whole evaluation batches, where cfg.engine says, in order."""
+    pieces = shard.split(len(paths), cfg.engine.workers, cfg.evaluation.batch_size)
+    parts = shard.run(shard_fn, shared, [paths[r.start:r.stop] for r in pieces], cfg.engine)
+    return np.concatenate(parts)
+
+
+def fp32_logits(cfg, graph) -> tuple[np.ndarray, np.ndarray]:
+    """(FP32 logits, labels) of the held-out images: the graph IR on the training preprocessing."""
+    paths, labels = eval_items(cfg)
+    return _sharded(_fp32_shard, (cfg, graph), cfg, paths), labels
+
+
+def int8_logits(cfg, folded, qparams, aipp_params: dict) -> np.ndarray:
+    """The INT8 emulation's logits of the held-out images, each fed as the device gets it (through AIPP)."""
+    paths, _ = eval_items(cfg)
+    return _sharded(_int8_shard, (cfg, folded, qparams, aipp_params), cfg, paths)
 
 
 def evaluate(cfg, graph, folded, qparams, aipp_params: dict) -> dict:

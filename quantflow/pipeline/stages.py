@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..engine import shard
 from ..errors import AccuracyGateError, AtcError, ConfigError, UnsupportedNetworkError
 from ..images import ImageBatches
 from .atomic import PARTIAL, copy_file, save_npz, save_onnx, write_json, write_text  # every artifact appears whole
@@ -124,8 +125,9 @@ def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path], graph_dir: P
                                       f"left to quantize (quantization.skip: {list(q.skip)})")
     sample = ImageBatches.for_config(cfg, calibration_paths[:q.sensitivity_images], k.batch_size)
     if q.bias_correction:
-        qp = correct_bias(qp, analyse(graph, qp, sample, bias_shift=True).bias_shift)
-    sensitivity = analyse(graph, qp, sample)
+        qp = correct_bias(qp, analyse(graph, qp, sample, bias_shift=True, engine=cfg.engine).bias_shift)
+    print(f"per-layer analysis: {len(qp.ops)} ops, {shard.where(cfg.engine)}")
+    sensitivity = analyse(graph, qp, sample, engine=cfg.engine)
     qp.save(kdir)
     write_json(kdir / "sensitivity.json", sensitivity.as_dict())
     save_npz(kdir / "histograms.npz", {f"{i}.{name}": v for i, op in enumerate(qp.ops)
@@ -302,6 +304,7 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
     graph = load_graph(cfg, graph_dir)
     aipp_params = parse(aipp_cfg.read_text(), str(aipp_cfg))
     qp = QuantParams.load(fallback_dir)
+    print(f"gate: FP32 and INT8 evaluation {shard.where(cfg.engine)}")
     report = evaluate(cfg, graph, fold_for_quantization(graph), qp, aipp_params)
     write_report(report, kdir / "accuracy_report.json", kdir / "accuracy_report.txt")
     sensitivity = json.loads((Path(calibrate_dir) / "sensitivity.json").read_text())

@@ -40,11 +40,14 @@ class Agreement:
         self.rr = self.qq = self.rq = self.ee = 0.0
 
     def add(self, r: np.ndarray, q: np.ndarray) -> None:
+        # numpy's own (pairwise) sums, not BLAS dot products: those split the sum by the BLAS thread count,
+        # and a sharded sweep must give the single process's numbers bit for bit
         r, q = np.asarray(r, np.float64).ravel(), np.asarray(q, np.float64).ravel()
-        self.rr += float(r @ r)
-        self.qq += float(q @ q)
-        self.rq += float(r @ q)
-        self.ee += float((r - q) @ (r - q))
+        e = r - q
+        self.rr += float(np.sum(r * r))
+        self.qq += float(np.sum(q * q))
+        self.rq += float(np.sum(r * q))
+        self.ee += float(np.sum(e * e))
 
     @property
     def sqnr_db(self) -> float:
@@ -111,27 +114,31 @@ def _only(qparams: QuantParams, node: str) -> QuantParams:
     return QuantParams(qparams.method, [q for q in qparams.ops if q.node == node])
 
 
-def analyse(graph: Graph, qparams: QuantParams, batches, bias_shift: bool = False) -> Sensitivity:
-    """The per-op errors of ``qparams`` on the (BatchNorm-folded) ``graph`` over ``batches`` (a re-iterable
-    of float N,C,H,W arrays in the training preprocessing; the emulation reads them as float16)."""
+def _references(graph: Graph, qparams: QuantParams, inputs: list[np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """The float32 outputs of every quantized op (after its ReLU, where the INT8 op has one) and of the
+    network, per batch."""
     out_of = {n.name: n.outputs[0] for n in graph.nodes}
     final = graph.outputs[0]
     op_outputs = [out_of[q.node] for q in qparams.ops]
     fp32 = float_runner(graph, op_outputs)
     relu_outputs = {out_of[q.node] for q in qparams.ops if q.relu}
+    names = list(dict.fromkeys(op_outputs + [final]))
+    return [{k: np.maximum(v, 0) if k in relu_outputs and k != final else v for k, v in fp32.run(x, names).items()}
+            for x in inputs]
 
-    def reference(x, names):
-        ref = fp32.run(x, names)
-        return {k: np.maximum(v, 0) if k in relu_outputs and k != final else v for k, v in ref.items()}
 
-    rows, shifts = [], {}
-    inputs = [np.asarray(x) for x in batches]
-    refs = [reference(x, list(dict.fromkeys(op_outputs + [final]))) for x in inputs]  # once, for every op below
-    images = sum(len(x) for x in inputs)
-    with progress(len(qparams.ops) + 1, "sensitivity: per-layer runs") as bar:
-        for q in qparams.ops:
-            t = out_of[q.node]
-            emu = Emulator(graph, _only(qparams, q.node), extra_outputs=[t])
+def _op_rows(shared, nodes: list[str]) -> list[tuple[dict, np.ndarray | None]]:
+    """(row, output mean shift) of each op in ``nodes`` alone in INT8 (a shard of the sweep)."""
+    graph, qparams, inputs, bias_shift = shared
+    refs = _references(graph, qparams, inputs)  # once per shard, for every op below
+    out_of = {n.name: n.outputs[0] for n in graph.nodes}
+    final = graph.outputs[0]
+    by_node = {q.node: q for q in qparams.ops}
+    done = []
+    with progress(len(nodes), "sensitivity: per-layer runs") as bar:
+        for node in nodes:
+            q, t = by_node[node], out_of[node]
+            emu = Emulator(graph, _only(qparams, node), extra_outputs=[t])
             alone, output, shift = Agreement(), Agreement(), _ChannelShift(q.relu)
             for x, ref in zip(inputs, refs):
                 got = emu.outputs(x.astype(np.float16), list(dict.fromkeys([t, final])))
@@ -141,11 +148,32 @@ def analyse(graph: Graph, qparams: QuantParams, batches, bias_shift: bool = Fals
                     shift.add(ref[t], got[t])
             del emu
             gc.collect()  # one op's onnxruntime session at a time
-            rows.append({"node": q.node, "scope": q.scope, "op": q.op, "method": q.stats.get("method", qparams.method),
-                         "alone": alone.as_dict(), "output": output.as_dict()})
-            if bias_shift:
-                shifts[q.node] = shift.mean()
+            done.append(({"node": node, "scope": q.scope, "op": q.op, "method": q.stats.get("method", qparams.method),
+                          "alone": alone.as_dict(), "output": output.as_dict()}, shift.mean() if bias_shift else None))
             bar.update(1)
+    return done
+
+
+def analyse(graph: Graph, qparams: QuantParams, batches, bias_shift: bool = False, engine=None) -> Sensitivity:
+    """The per-op errors of ``qparams`` on the (BatchNorm-folded) ``graph`` over ``batches`` (a re-iterable
+    of float N,C,H,W arrays in the training preprocessing; the emulation reads them as float16).  The
+    one-op-at-a-time sweep shards over ``engine`` (quantflow.engine.shard), with the same numbers."""
+    from ..engine import shard
+
+    out_of = {n.name: n.outputs[0] for n in graph.nodes}
+    op_outputs = [out_of[q.node] for q in qparams.ops]
+    inputs = [np.asarray(x) for x in batches]
+    images = sum(len(x) for x in inputs)
+    nodes = [q.node for q in qparams.ops]
+    parts = shard.run(_op_rows, (graph, qparams, inputs, bias_shift),
+                      [nodes[r.start:r.stop] for r in shard.split(len(nodes), engine.workers if engine else 1)], engine)
+    rows, shifts = [], {}
+    for row, shift in (d for part in parts for d in part):
+        rows.append(row)
+        if bias_shift:
+            shifts[row["node"]] = shift
+    refs = _references(graph, qparams, inputs)
+    with progress(1, "sensitivity: all layers in INT8") as bar:
         emu = Emulator(graph, qparams, extra_outputs=op_outputs)
         cumulative = {q.node: Agreement() for q in qparams.ops}
         for x, ref in zip(inputs, refs):

@@ -1,4 +1,9 @@
-r"""The quantflow doit task graph.
+r"""The quantflow doit task graph, shipped with the package: a model repo needs only its quantflow.toml,
+and ``quantflow build`` (quantflow.cli) or a three-line dodo.py runs it::
+
+    from quantflow.pipeline.tasks import *  # noqa: F401,F403  (the task_* functions)
+    from quantflow.pipeline.tasks import doit_config
+    DOIT_CONFIG = doit_config()
 
     train (optional) -> sample -> graph -> calibrate -> fallback -> export -> atc --\
                           \                               |   \                /     >-> summary
@@ -25,7 +30,7 @@ from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
 from quantflow.images import file_sha256
-from quantflow.pipeline import atomic, cache
+from quantflow.pipeline import atomic, cache, lock
 from quantflow.config import DEFAULT_CONFIG_NAME, load_config
 from quantflow.errors import QuantflowError
 
@@ -34,19 +39,40 @@ from quantflow.errors import QuantflowError
 _state: dict = {}
 
 
+DEFAULT_TASKS = ["preflight", "train", "sample", "graph", "calibrate", "aipp", "fallback", "export", "atc", "gate",
+                 "summary"]
+__all__ = [f"task_{t}" for t in DEFAULT_TASKS]
+
+
 def config_file() -> Path:
-    return Path(get_var("config", os.environ.get("QUANTFLOW_CONFIG", DEFAULT_CONFIG_NAME)))
+    """``doit config=FILE``, else $QUANTFLOW_CONFIG, else quantflow.toml in the current directory."""
+    # get_var gives None outside a doit command line (quantflow build loads the tasks through doit's API)
+    return Path(get_var("config", None) or os.environ.get("QUANTFLOW_CONFIG") or DEFAULT_CONFIG_NAME)
 
 
 def cfg():
+    """The build's configuration, loaded once; loading takes the output folder's lock (one build at a time
+    per build.output_dir: a second build of the same folder waits) and sweeps what a killed build left."""
     if "cfg" not in _state:
         try:
-            _state["cfg"] = load_config(config_file())
-            atomic.sweep(_state["cfg"].out)  # what a killed build left half-written (dodo.py holds the lock)
+            c = load_config(config_file())
+            lock.acquire(c.out)
+            atomic.sweep(c.out)
         except QuantflowError as err:  # a clean message instead of doit's traceback of the loader
             print(f"quantflow: {err}", file=sys.stderr)
             raise SystemExit(2) from None
+        if str(c.root) not in sys.path:  # model.entry / train.entry modules beside the config import
+            sys.path.insert(0, str(c.root))
+        _state["cfg"] = c
     return _state["cfg"]
+
+
+def doit_config() -> dict:
+    """doit's settings for the configured build: its state (sqlite, which commits atomically: a build
+    killed while doit records its state cannot corrupt it) beside the build's own outputs, so that builds
+    with different output folders never share it."""
+    return {"default_tasks": DEFAULT_TASKS, "verbosity": 2, "dep_file": str(cfg().out / ".doit.sqlite"),
+            "backend": "sqlite3"}
 
 
 def manifest_path() -> Path:

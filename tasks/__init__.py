@@ -1,1 +1,0 @@
-"""doit task definitions of the quantflow pipeline (loaded by dodo.py)."""
