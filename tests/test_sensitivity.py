@@ -147,6 +147,25 @@ def test_rows_agree_with_direct_runs(residual, analysed):
     assert row["cumulative"]["sqnr_db"] == pytest.approx(sqnr_db(ref, every), rel=1e-6)
 
 
+def test_each_row_is_what_emulating_the_whole_graph_with_that_op_alone_gives(residual, analysed):
+    """The sweep emulates only the graph from each op's Quant on, fed with the float16 emulation's values:
+    every number equals the one from emulating the whole graph with that op alone in INT8."""
+    folded, qp, batches = residual
+    out_of = {n.name: n.outputs[0] for n in folded.nodes}
+    final = folded.outputs[0]
+    fp32 = float_runner(folded, [out_of[q.node] for q in qp.ops])
+    for q in qp.ops:
+        t = out_of[q.node]
+        emu = Emulator(folded, QuantParams(qp.method, [q]), extra_outputs=[t])
+        alone, output = Agreement(), Agreement()
+        for x in batches:
+            ref, got = fp32.run(x, [t, final]), emu.outputs(x.astype(np.float16), [t, final])
+            alone.add(np.maximum(ref[t], 0) if q.relu and t != final else ref[t], got[t])
+            output.add(ref[final], got[final])
+        row = analysed.row(q.node)
+        assert row["alone"] == alone.as_dict() and row["output"] == output.as_dict(), q.node
+
+
 @pytest.mark.parametrize("broken_op", [0, 1, 2, 3])
 def test_a_broken_op_ranks_first(residual, analysed, broken_op):
     folded, qp, batches = residual

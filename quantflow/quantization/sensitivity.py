@@ -15,8 +15,11 @@ With ``bias_shift`` the ``alone`` runs also measure each op's per-output-channel
 bias correction of Nagel et al. 2019 ("Data-Free Quantization", sec. 4.2), one op at a time.
 
 The FP32 reference of every quantized op's output is computed once and held for the analysed images
-(``quantization.sensitivity_images``, 32 by default: about 320 MB for ResNet-18 at 224x224); each
-op's emulation is then built and run once.  The error statistics are running sums.
+(``quantization.sensitivity_images``, 32 by default: about 320 MB for ResNet-18 at 224x224).  The
+float16 emulation of the network with no op in INT8 is run once as well, keeping the values each op's
+INT8 run starts from; each op's run then emulates only the graph from its Quant on (``Graph.suffix``,
+fed with those values: bit for bit what the whole graph's emulation gives, tests/test_int8_emulator.py),
+about half the work of emulating every op's whole graph.  The error statistics are running sums.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from ..engine.float_runner import float_runner
 from ..engine.int8_emulator import Emulator
 from ..ir import Graph
 from ..progress import progress
+from .deploy import quantized_graph
 from .qparams import QuantParams
 
 
@@ -127,6 +131,14 @@ def _references(graph: Graph, qparams: QuantParams, inputs: list[np.ndarray]) ->
             for x in inputs]
 
 
+def _from_its_quant(graph: Graph, qparams: QuantParams, node: str) -> Graph:
+    """The deploy graph of ``node`` alone in INT8, from its Quant on (what precedes it is the float
+    graph's own nodes); the whole deploy graph where the cut would be fed anything but float tensors."""
+    deploy = quantized_graph(graph, _only(qparams, node))
+    tail = deploy.suffix(next(i for i, n in enumerate(deploy.nodes) if n.op == "Quant"))
+    return tail if all(tail.tensors[i].dtype in ("float32", "float16") for i in tail.inputs) else deploy
+
+
 def _op_rows(shared, nodes: list[str]) -> list[tuple[dict, np.ndarray | None]]:
     """(row, output mean shift) of each op in ``nodes`` alone in INT8 (a shard of the sweep)."""
     graph, qparams, inputs, bias_shift = shared
@@ -134,14 +146,19 @@ def _op_rows(shared, nodes: list[str]) -> list[tuple[dict, np.ndarray | None]]:
     out_of = {n.name: n.outputs[0] for n in graph.nodes}
     final = graph.outputs[0]
     by_node = {q.node: q for q in qparams.ops}
+    runs = {node: _from_its_quant(graph, qparams, node) for node in nodes}
+    starts = list(dict.fromkeys(i for g in runs.values() for i in g.inputs))
+    no_int8 = Emulator(graph, QuantParams(qparams.method, []), extra_outputs=starts)
+    prefixes = [no_int8.outputs(x.astype(np.float16), starts) for x in inputs]  # once, for every op below
+    del no_int8
     done = []
     with progress(len(nodes), "sensitivity: per-layer runs") as bar:
         for node in nodes:
-            q, t = by_node[node], out_of[node]
-            emu = Emulator(graph, _only(qparams, node), extra_outputs=[t])
+            q, t, run = by_node[node], out_of[node], runs[node]
+            emu = Emulator(run, extra_outputs=[t])
             alone, output, shift = Agreement(), Agreement(), _ChannelShift(q.relu)
-            for x, ref in zip(inputs, refs):
-                got = emu.outputs(x.astype(np.float16), list(dict.fromkeys([t, final])))
+            for prefix, ref in zip(prefixes, refs):
+                got = emu.outputs({i: prefix[i] for i in run.inputs}, list(dict.fromkeys([t, final])))
                 alone.add(ref[t], got[t])
                 output.add(ref[final], got[final])
                 if bias_shift:
