@@ -1,21 +1,24 @@
 """The ``quantflow`` command: build, init, list, report.
 
-    quantflow build [CONFIG ...] [-j N] [--always] [--task TASK ...]
-    quantflow init (--onnx FILE | --mindir FILE | --entry MOD:FN --checkpoint FILE) [--calib DIR] [--eval DIR]
+    quantflow build [CONFIG ...] [STAGE ...] [-j N] [--always]
+    quantflow init (--onnx FILE | --mindir FILE | --entry MOD:FN --checkpoint FILE) [--data DIR] [--eval DIR] [-o FILE]
     quantflow list [CONFIG]
     quantflow report [CONFIG]
 
-``build`` runs the installed task graph (quantflow.pipeline.tasks) through doit's own API, one config in
-this process; several configs each in a process of their own, ``-j`` at a time.  Every build keeps its
-doit state and its lock in its own ``build.output_dir``, so builds of different folders run side by
-side and a second build of the same folder waits for the first.  A failure prints one line naming the
-file or field at fault and exits with 2 (1 when a stage failed, with doit's report of it).
+``build`` runs the installed task graph (quantflow.pipeline.tasks) through doit's own API: one config in this
+process; several configs each in a process of its own, ``-j`` at a time.  Every build keeps its doit state and
+its lock in its own ``build.output_dir``, so builds of different folders run side by side; two configs of one
+command naming the same folder are refused before anything runs, and a build of a folder another command is
+building waits for it (quantflow.pipeline.lock).
+
+Exit codes: 0 done; 1 a stage failed (doit's report of it on the output, the gate included); 2 a bad command
+line, config or file, with one message naming the file or field at fault and no traceback.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -29,16 +32,33 @@ USAGE_ERROR = 2
 
 # ----------------------------------------------------------------------------- build
 
+def _split_targets(targets: list[str], tasks: list[str]) -> tuple[list[Path], list[str]]:
+    """``build``'s positional arguments as (config files, stages): a stage name is a stage unless a file of that
+    name exists; no config given means quantflow.toml."""
+    from .pipeline.tasks import DEFAULT_TASKS
+
+    configs, stages = [], list(tasks)
+    for t in targets:
+        if t in DEFAULT_TASKS and not Path(t).is_file():
+            stages.append(t)
+        elif Path(t).is_file() or t.endswith(".toml"):
+            configs.append(Path(t))
+        else:
+            raise QuantflowError(f"{t!r} is neither a configuration file nor a stage ({', '.join(DEFAULT_TASKS)})")
+    unknown = [s for s in stages if s not in DEFAULT_TASKS]
+    if unknown:
+        raise QuantflowError(f"unknown stage {unknown[0]!r}; the stages are {', '.join(DEFAULT_TASKS)}")
+    return configs or [Path(DEFAULT_CONFIG_NAME)], stages
+
+
 def _build_here(config: Path, tasks: list[str], always: bool) -> int:
     from doit.cmd_base import ModuleTaskLoader
     from doit.doit_cmd import DoitMain
 
-    os.environ["QUANTFLOW_CONFIG"] = str(config)  # read by the task graph (quantflow.pipeline.tasks.config_file)
-    from .pipeline import tasks as graph
+    from .pipeline.tasks import namespace
 
-    namespace = {name: getattr(graph, name) for name in graph.__all__}
-    namespace["DOIT_CONFIG"] = graph.doit_config()
-    return DoitMain(ModuleTaskLoader(namespace)).run(["run", *(["--always-execute"] if always else []), *tasks])
+    loader = ModuleTaskLoader(namespace(config))
+    return DoitMain(loader).run(["run", *(["--always-execute"] if always else []), *tasks])
 
 
 def _build_apart(config: Path, tasks: list[str], always: bool) -> tuple[int, str]:
@@ -60,6 +80,10 @@ def _check_output_dirs(configs: list[Path]) -> None:
 
 
 def build(configs: list[Path], jobs: int, tasks: list[str], always: bool) -> int:
+    """Build every config; the worst exit code.  Several configs: each in a subprocess, ``jobs`` at a time, each
+    one's output printed whole under a ``===== CONFIG: built | FAILED`` line when it ends."""
+    if jobs < 1:
+        raise QuantflowError(f"-j must be at least 1, got {jobs}")
     if len(configs) == 1:
         return _build_here(configs[0], tasks, always)
     _check_output_dirs(configs)
@@ -67,7 +91,7 @@ def build(configs: list[Path], jobs: int, tasks: list[str], always: bool) -> int
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         for config, (code, text) in zip(configs, pool.map(lambda c: _build_apart(c, tasks, always), configs)):
             print(f"===== {config}: {'built' if code == 0 else f'FAILED (exit {code})'}")
-            print(text, end="" if text.endswith("\n") else "\n")
+            print(text, end="" if text.endswith("\n") else "\n", flush=True)
             worst = max(worst, code)
     return worst
 
@@ -77,57 +101,86 @@ def build(configs: list[Path], jobs: int, tasks: list[str], always: bool) -> int
 def stages() -> list[tuple[str, str]]:
     """(name, one-line description) of every stage, in the order a build runs them."""
     from .pipeline import tasks as graph
-    return [(name, (getattr(graph, f"task_{name}").__doc__ or "").strip().splitlines()[0])
-            for name in graph.DEFAULT_TASKS]
+
+    def line(name: str) -> str:
+        doc = (getattr(graph, f"task_{name}").__doc__ or "").strip().splitlines()[0]
+        return re.sub(r"^Stage \w+: ", "", doc)
+
+    return [(name, line(name)) for name in graph.DEFAULT_TASKS]
 
 
 def list_stages(config: Path) -> int:
-    latest = _latest(config, required=False)
-    artifacts = latest.get("artifacts", {}) if latest else {}
+    """Each stage with its state and where its current artifacts are; reads only, so it may run during a build."""
+    from .pipeline.tasks import artifact_status
+
+    c = load_config(config)
+    keyed = artifact_status(c)
+    manifest, latest = c.out / "calibration" / "manifest.json", c.out / "latest.json"
     for name, doc in stages():
-        where = f"  [{artifacts[name]}]" if name in artifacts else ""
-        print(f"{name:<10} {doc}{where}")
-    if not latest:
-        print(f"(nothing built yet for {config})")
+        if name in keyed:
+            done, where = keyed[name]
+            state = "up to date" if done else "to run"
+        elif name == "sample" and manifest.is_file():
+            state, where = "sampled", manifest
+        elif name == "summary" and latest.is_file():
+            current = {s: str(d) for s, (_, d) in keyed.items()}
+            state, where = ("up to date" if _read_latest(latest).get("artifacts") == current else "to run"), latest
+        elif name == "train" and c.train is None:
+            state, where = "not used", None
+        else:  # preflight and train: doit's own record decides
+            state, where = ("-" if name in ("preflight", "train") else "to run"), None
+        print(f"{name:<10} {state:<10}  {doc}" + (f"  [{where}]" if where else ""))
+    if not keyed:
+        print(f"(nothing sampled yet for {config}: the artifact folders are known once `sample` has run)")
     return 0
 
 
-def _latest(config: Path, required: bool = True) -> dict | None:
-    path = load_config(config).out / "latest.json"
-    if not path.is_file():
-        if required:
-            raise QuantflowError(f"no build to report: {path} not found (run `quantflow build {config}` first)")
-        return None
-    return json.loads(path.read_text())
+def _read_latest(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except ValueError as err:
+        raise QuantflowError(f"{path} is not valid JSON ({err}); rebuild with `quantflow build`") from None
 
 
 def report(config: Path) -> int:
-    latest = _latest(config)
-    text = Path(latest["accuracy_report"])
+    """Print the last build's accuracy report and the gate's verdict (from ``<output_dir>/latest.json``)."""
+    path = load_config(config).out / "latest.json"
+    if not path.is_file():
+        raise QuantflowError(f"no build to report: {path} not found (run `quantflow build {config}` first)")
+    latest = _read_latest(path)
+    try:
+        text, g = Path(latest["accuracy_report"]), latest["gate"]
+        verdict = (f"gate: {'PASS' if g['passed'] else 'FAIL'} (FP32 top-1 {g['fp32_top1']:.4f}, INT8 top-1 "
+                   f"{g['int8_top1']:.4f}, drop {g['drop']:.4f}, threshold {g['threshold']:g})")
+    except (KeyError, TypeError) as err:
+        raise QuantflowError(f"{path} lacks {err}; rebuild with `quantflow build`") from None
     if not text.is_file():
-        raise QuantflowError(f"{config}: the last build's report {text} is missing (rebuild with quantflow build)")
+        raise QuantflowError(f"the last build's report {text} (named by {path}) is missing; rebuild with "
+                             f"`quantflow build`")
     print(text.read_text(), end="")
-    g = latest["gate"]
-    print(f"gate: {'PASS' if g['passed'] else 'FAIL'} (FP32 top-1 {g['fp32_top1']:.4f}, INT8 top-1 "
-          f"{g['int8_top1']:.4f}, drop {g['drop']:.4f}, threshold {g['threshold']:g})")
-    print(f"build report: {latest['report']}")
+    print(verdict)
+    print(f"build report: {latest.get('report')}")
     return 0
 
 
 # ----------------------------------------------------------------------------- main
 
 def _parser() -> argparse.ArgumentParser:
+    from .init_config import add_arguments
+
     ap = argparse.ArgumentParser(prog="quantflow", description="INT8 quantization and .om build for Ascend NPUs")
     sub = ap.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="run the build graph for one or more configs")
-    b.add_argument("configs", nargs="*", type=Path, default=[Path(DEFAULT_CONFIG_NAME)])
+    b.add_argument("targets", nargs="*", metavar="CONFIG|STAGE",
+                   help=f"configuration files (default {DEFAULT_CONFIG_NAME}) and the stages to run with what they "
+                        f"need (default all)")
     b.add_argument("-j", "--jobs", type=int, default=1, help="configs built at once (each in its own process)")
     b.add_argument("--always", action="store_true", help="rerun every stage, up to date or not")
-    b.add_argument("--task", action="append", default=[], help="run only this stage (and what it needs)")
+    b.add_argument("--task", action="append", default=[], help="a stage to run (for a stage named like a file)")
     i = sub.add_parser("init", help="write a commented quantflow.toml for your model")
-    from .init_config import add_arguments
     add_arguments(i)
-    for name, text in (("list", "the stages and the last build's artifacts"), ("report", "the last build's report")):
+    i.add_argument("--data", dest="calib", type=Path, default=argparse.SUPPRESS, help="the same as --calib")
+    for name, text in (("list", "the stages, their state and artifact folders"), ("report", "the last build's report")):
         p = sub.add_parser(name, help=text)
         p.add_argument("config", nargs="?", type=Path, default=Path(DEFAULT_CONFIG_NAME))
     return ap
@@ -137,18 +190,14 @@ def main(argv=None) -> int:
     a = _parser().parse_args(argv)
     try:
         if a.command == "build":
-            if a.jobs < 1:
-                raise QuantflowError(f"-j must be at least 1, got {a.jobs}")
-            for c in a.configs:
-                if not c.is_file():
-                    raise QuantflowError(f"configuration file not found: {c}")
-            return build(a.configs, a.jobs, a.task, a.always)
+            configs, tasks = _split_targets(a.targets, a.task)
+            return build(configs, a.jobs, tasks, a.always)
         if a.command == "init":
             from .init_config import write_config
             print(f"wrote {write_config(a)}; edit the lines marked EDIT, then run `quantflow build`")
             return 0
         return list_stages(a.config) if a.command == "list" else report(a.config)
-    except QuantflowError as err:
+    except (QuantflowError, OSError) as err:
         print(f"quantflow: {err}", file=sys.stderr)
         return USAGE_ERROR
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,8 +26,11 @@ def copy_project(dest: Path) -> Path:
 
 
 def clean_env(**extra) -> dict:
+    """The environment of the builds the tests start: no CANN toolkit, and quantflow imported from this tree
+    (whatever checkout an editable install points at)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND")}
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     env.update(extra)
     return env
 
@@ -40,6 +44,14 @@ def run_quantflow(project: Path, *args: str, timeout: int = 900) -> subprocess.C
     """The installed command (``python -m quantflow.cli`` is what the ``quantflow`` script runs)."""
     return subprocess.run([sys.executable, "-m", "quantflow.cli", *args], cwd=project, env=clean_env(),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def onnx_config(demo: Path, onnx_name: str) -> str:
+    """The demo's configuration (in folder ``demo``) with model.onnx instead of entry + checkpoint and no [train]
+    section."""
+    text = (demo / "quantflow.toml").read_text()
+    text = re.sub(r'entry = "quantflow.demo.net:build"\ncheckpoint = "[^"]+"', f'onnx = "{onnx_name}"', text)
+    return text.split("[train]")[0]
 
 
 def task_lines(output: str) -> dict[str, str]:

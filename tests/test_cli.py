@@ -1,24 +1,197 @@
-"""`quantflow init`, `list` and `report` without a build; the build itself: tests/test_onnx_pipeline.py."""
+"""The ``quantflow`` command.  ``init``, ``list``, ``report`` and the error paths run in this process; the builds
+run the command as a subprocess in a fresh folder holding only quantflow.toml, a small ONNX network (fixed random
+weights, nothing to train) and 6 images per class from the shipped demo folders.  Each build takes seconds."""
 from __future__ import annotations
 
-import onnx
-from onnx import TensorProto, helper
+import json
+import shutil
+from pathlib import Path
 
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import REPO, clean_env, onnx_config, run_quantflow, task_lines
 from quantflow.cli import main
 from quantflow.config import load_config
+from quantflow.pipeline.tasks import DEFAULT_TASKS
+
+IMAGES_PER_CLASS = 6
 
 
-def _tiny_onnx(path, classes=7):
-    w = helper.make_tensor("w", TensorProto.FLOAT, [classes, 3 * 8 * 8], [0.0] * (classes * 192))
-    g = helper.make_graph([helper.make_node("Flatten", ["image"], ["f"]), helper.make_node("Gemm", ["f", "w"], ["y"],
-                                                                                             transB=1)],
-                          "tiny", [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 3, 8, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", classes])], [w])
+def _tiny_onnx(path: Path, classes: int = 10, size: int = 32) -> None:
+    """Conv 4x4 stride 4 -> Relu -> Gemm, seeded weights, a dynamic batch as exporters write it."""
+    rng = np.random.default_rng(0)
+    side = size // 4
+    weights = [numpy_helper.from_array(rng.normal(0, 0.3, (8, 3, 4, 4)).astype(np.float32), "w1"),
+               numpy_helper.from_array(rng.normal(0, 0.3, (classes, 8 * side * side)).astype(np.float32), "w2"),
+               numpy_helper.from_array(np.zeros(classes, np.float32), "b2")]
+    nodes = [helper.make_node("Conv", ["image", "w1"], ["c"], strides=[4, 4]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Flatten", ["r"], ["f"]), helper.make_node("Gemm", ["f", "w2", "b2"], ["y"], transB=1)]
+    g = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("image", TensorProto.FLOAT,
+                                                                        ["batch", 3, size, size])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", classes])], weights)
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
 
 
-def test_init_reads_the_model_and_writes_a_config_that_loads(tmp_path, capsys):
-    _tiny_onnx(tmp_path / "net.onnx")
+def _tiny_config() -> str:
+    """The demo's config for the tiny network: fewer images, and a gate a random network passes (any drop)."""
+    text = onnx_config(REPO, "tiny.onnx")
+    for old, new in (('input_name = "x"', 'input_name = "image"'), ("count = 200", "count = 60"),
+                     ("per_class_min = 15", f"per_class_min = {IMAGES_PER_CLASS}"),
+                     ("threshold = 0.01", "threshold = 1.0")):
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
+def _variant(project: Path, name: str, **replace: str) -> str:
+    """``project``/<name>, a copy of its quantflow.toml with text replaced (``output_dir='"build_a"'``)."""
+    text = (project / "quantflow.toml").read_text()
+    for key, value in replace.items():
+        line = next(x for x in text.splitlines() if x.startswith(f"{key} = "))
+        text = text.replace(line, f"{key} = {value}")
+    (project / name).write_text(text)
+    return name
+
+
+def _latest(project: Path, out: str = "build") -> dict:
+    return json.loads((project / out / "latest.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The project after `quantflow build`: (folder, completed process)."""
+    project = tmp_path_factory.mktemp("tiny_project")
+    _tiny_onnx(project / "tiny.onnx")
+    for folder in ("calib_data", "eval_data"):
+        for cls in sorted((REPO / folder).iterdir()):
+            (project / folder / cls.name).mkdir(parents=True)
+            for image in sorted(cls.iterdir())[:IMAGES_PER_CLASS]:
+                shutil.copy(image, project / folder / cls.name / image.name)
+    (project / "quantflow.toml").write_text(_tiny_config())
+    assert sorted(p.name for p in project.iterdir()) == ["calib_data", "eval_data", "quantflow.toml", "tiny.onnx"]
+    proc = run_quantflow(project, "build")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return project, proc
+
+
+# ----------------------------------------------------------------------------- build, report, list
+
+def test_a_folder_with_only_config_model_and_images_builds(tiny):
+    project, proc = tiny
+    assert task_lines(proc.stdout) == {t: "up-to-date" if t == "train" else "ran" for t in DEFAULT_TASKS}
+    latest = _latest(project)
+    assert latest["gate"]["passed"] is True
+    assert all(Path(d).is_relative_to(project / "build") for d in latest["artifacts"].values())
+    assert (project / "build" / ".doit.sqlite").is_file() and (project / "build" / ".quantflow.lock").is_file()
+    assert not (project / "dodo.py").exists() and not (project / ".doit.db").exists()
+    again = run_quantflow(project, "build")
+    assert again.returncode == 0, again.stderr
+    assert task_lines(again.stdout) == {t: "up-to-date" for t in DEFAULT_TASKS}
+
+
+def test_report_prints_the_accuracy_report_and_the_gate_verdict(tiny):
+    project, _ = tiny
+    latest = _latest(project)
+    proc = run_quantflow(project, "report")
+    assert proc.returncode == 0, proc.stderr
+    assert Path(latest["accuracy_report"]).read_text() in proc.stdout
+    assert "gate: PASS (FP32 top-1" in proc.stdout and f"build report: {latest['report']}" in proc.stdout
+
+
+def test_list_gives_each_stage_its_state_and_folder_and_build_runs_a_named_stage(tiny):
+    project, _ = tiny
+    latest = _latest(project)
+
+    def rows(config: str) -> dict[str, str]:
+        proc = run_quantflow(project, "list", config)
+        assert proc.returncode == 0, proc.stderr
+        return {line.split()[0]: line for line in proc.stdout.splitlines()}
+
+    listed = rows("quantflow.toml")
+    assert list(listed) == DEFAULT_TASKS
+    for stage, folder in latest["artifacts"].items():
+        assert "up to date" in listed[stage] and f"[{folder}]" in listed[stage], listed[stage]
+    assert "not used" in listed["train"] and "up to date" in listed["summary"]
+    # another threshold, the same output_dir: only the gate (and the summary) to run, the rest found as built
+    config = _variant(project, "stricter.toml", threshold="0.9")
+    listed = rows(config)
+    assert "to run" in listed["gate"] and latest["artifacts"]["gate"] not in listed["gate"]
+    assert all("up to date" in listed[s] for s in latest["artifacts"] if s != "gate")
+    proc = run_quantflow(project, "build", config, "gate")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    status = task_lines(proc.stdout)
+    assert status["gate"] == "ran" and status["calibrate"] == "up-to-date" and "summary" not in status
+    listed = rows(config)
+    assert "up to date" in listed["gate"] and "to run" in listed["summary"]
+
+
+# ----------------------------------------------------------------------------- several configs, failures, doit
+
+def test_two_configs_build_in_parallel_each_in_its_own_output_dir(tiny):
+    project, _ = tiny
+    a = _variant(project, "a.toml", output_dir='"build_a"')
+    b = _variant(project, "b.toml", output_dir='"build_b"', threshold="0.5")
+    proc = run_quantflow(project, "build", a, b, "-j", "2")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "===== a.toml: built" in proc.stdout and "===== b.toml: built" in proc.stdout
+    la, lb = _latest(project, "build_a"), _latest(project, "build_b")
+    assert la["gate"]["threshold"] == 1.0 and lb["gate"]["threshold"] == 0.5
+    for out, latest in (("build_a", la), ("build_b", lb)):
+        assert all(Path(d).is_relative_to(project / out) for d in latest["artifacts"].values())
+        assert (project / out / ".doit.sqlite").is_file()
+    # the same calibration in both: identical INT8 parameters, written twice, apart
+    assert Path(la["qparams"]).read_bytes() == Path(lb["qparams"]).read_bytes() and la["qparams"] != lb["qparams"]
+
+
+def test_two_configs_with_one_output_dir_are_refused_naming_it(tiny):
+    project, _ = tiny
+    proc = run_quantflow(project, "build", "quantflow.toml", _variant(project, "c.toml"), "-j", "2")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert (f"quantflow: quantflow.toml and c.toml both build into {project / 'build'}: give them different "
+            f"build.output_dir") in proc.stderr
+    assert "=====" not in proc.stdout  # refused before anything ran
+
+
+def test_a_failing_stage_exits_1_with_doits_report_of_it(tiny):
+    project, _ = tiny
+    config = _variant(project, "wrong.toml", num_classes="11", count="66", output_dir='"build_wrong"')
+    proc = run_quantflow(project, "build", config)
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
+    assert "TaskFailed - taskid:preflight" in proc.stdout + proc.stderr
+    assert "model.num_classes = 11, but the network's output has shape [1, 10]" in proc.stdout + proc.stderr
+
+
+def test_a_three_line_dodo_py_runs_the_same_graph_with_doits_parallel_tasks(tiny):
+    """`doit -n 2` (stages in 2 processes: aipp beside graph and calibrate) builds what quantflow build built."""
+    import subprocess
+    import sys
+
+    project, _ = tiny
+    (project / "dodo.py").write_text("from quantflow.pipeline.tasks import *  # noqa: F401,F403\n"
+                                     "from quantflow.pipeline.tasks import doit_config\n"
+                                     "DOIT_CONFIG = doit_config()\n")
+    config = _variant(project, "n.toml", output_dir='"build_n"')
+    try:
+        proc = subprocess.run([sys.executable, "-m", "doit", "-n", "2", f"config={config}"], cwd=project,
+                              env=clean_env(), capture_output=True, text=True, timeout=600)
+    finally:
+        (project / "dodo.py").unlink()
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert task_lines(proc.stdout) == {t: "up-to-date" if t == "train" else "ran" for t in DEFAULT_TASKS}
+    first, parallel = _latest(project), _latest(project, "build_n")
+    assert parallel["gate"] == first["gate"]
+    for stage in ("graph", "calibrate", "fallback", "export", "aipp", "gate"):  # atc's key holds [build], output_dir included
+        assert parallel["keys"][stage] == first["keys"][stage]
+    assert Path(parallel["qparams"]).read_bytes() == Path(first["qparams"]).read_bytes()
+
+
+# ----------------------------------------------------------------------------- init and errors, in this process
+
+def test_init_reads_the_model_and_writes_a_config_that_loads(tmp_path):
+    _tiny_onnx(tmp_path / "net.onnx", classes=7, size=8)
     out = tmp_path / "quantflow.toml"
     assert main(["init", "--onnx", str(tmp_path / "net.onnx"), "-o", str(out)]) == 0
     cfg = load_config(out)
@@ -26,14 +199,16 @@ def test_init_reads_the_model_and_writes_a_config_that_loads(tmp_path, capsys):
     assert cfg.model.input_name == "image" and cfg.model.num_classes == 7
     assert cfg.aipp_template.is_file()  # the shipped template, by name
     text = out.read_text()
-    assert "# EDIT: exactly what your training preprocessing did" in text and "[engine]" in text
+    assert "# EDIT: exactly what your training preprocessing did" in text
+    for section in ("model", "normalization", "calibration", "evaluation", "quantization", "aipp", "build", "engine"):
+        assert f"\n[{section}]\n" in text
 
 
-def test_init_takes_the_class_count_from_the_calibration_folders(tmp_path):
+def test_init_takes_the_class_count_from_the_data_folders(tmp_path):
     for c in ("cat", "dog", "eel"):
         (tmp_path / "calib" / c).mkdir(parents=True)
     out = tmp_path / "q.toml"
-    assert main(["init", "--entry", "mypkg.net:build", "--checkpoint", "net.ckpt", "--calib", str(tmp_path / "calib"),
+    assert main(["init", "--entry", "mypkg.net:build", "--checkpoint", "net.ckpt", "--data", str(tmp_path / "calib"),
                  "-o", str(out)]) == 0
     cfg = load_config(out)
     assert cfg.model.num_classes == 3 and cfg.model.entry == "mypkg.net:build"
@@ -51,16 +226,24 @@ def test_init_never_overwrites(tmp_path, capsys):
 
 def test_failures_name_the_file_and_exit_2(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main(["build", "missing.toml"]) == 2
-    assert "configuration file not found: missing.toml" in capsys.readouterr().err
-    assert main(["init", "--onnx", "nowhere.onnx"]) == 2
-    assert "--onnx: file not found: nowhere.onnx" in capsys.readouterr().err
+
+    def fails(*argv: str) -> str:
+        assert main(list(argv)) == 2
+        return capsys.readouterr().err
+
+    assert "quantflow: configuration file not found: missing.toml" in fails("build", "missing.toml")
+    assert "quantflow: configuration file not found: quantflow.toml" in fails("build")
+    assert "'gatee' is neither a configuration file nor a stage" in fails("build", "gatee")
+    assert "--onnx: file not found: nowhere.onnx" in fails("init", "--onnx", "nowhere.onnx")
     _tiny_onnx(tmp_path / "net.onnx")
     assert main(["init", "--onnx", "net.onnx"]) == 0
     capsys.readouterr()
-    assert main(["report"]) == 2
-    err = capsys.readouterr().err
+    err = fails("report")
     assert "no build to report" in err and str(tmp_path / "build" / "latest.json") in err
+    Path("bad.toml").write_text(Path("quantflow.toml").read_text().replace("count = 200", "count = 200\ncont = 3"))
+    assert "invalid configuration in bad.toml:\n  calibration.cont: unknown key" in fails("list", "bad.toml")
+    assert "invalid configuration in bad.toml" in fails("build", "bad.toml")
+    assert "-j must be at least 1" in fails("build", "-j", "0", "quantflow.toml", "bad.toml")
 
 
 def test_list_names_every_stage_before_any_build(tmp_path, capsys, monkeypatch):
@@ -69,7 +252,5 @@ def test_list_names_every_stage_before_any_build(tmp_path, capsys, monkeypatch):
     main(["init", "--onnx", "net.onnx"])
     capsys.readouterr()
     assert main(["list"]) == 0
-    out = capsys.readouterr().out
-    for stage in ("preflight", "sample", "graph", "calibrate", "fallback", "export", "aipp", "atc", "gate", "summary"):
-        assert f"\n{stage} " in "\n" + out
-    assert "nothing built yet" in out
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert rows[:-1] == DEFAULT_TASKS and rows[-1] == "(nothing"

@@ -2,11 +2,10 @@
 builds like the MindSpore network it came from, with the same INT8 parameters and the same gate result.
 
 The ONNX project is a fresh folder holding only quantflow.toml, the ONNX file and the images (no dodo.py):
-it builds with the installed ``quantflow build``."""
+it builds with the installed ``quantflow build`` (its other commands: tests/test_cli.py)."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -14,18 +13,11 @@ import numpy as np
 import onnx
 import pytest
 
-from conftest import run_quantflow, task_lines
+from conftest import onnx_config, run_quantflow, task_lines
 
 
 def _latest(project: Path) -> dict:
     return json.loads((project / "build" / "latest.json").read_text())
-
-
-def _onnx_config(demo: Path, onnx_name: str) -> str:
-    """The demo's configuration with model.onnx instead of entry + checkpoint and no [train] section."""
-    text = (demo / "quantflow.toml").read_text()
-    text = re.sub(r'entry = "quantflow.demo.net:build"\ncheckpoint = "[^"]+"', f'onnx = "{onnx_name}"', text)
-    return text.split("[train]")[0]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +30,7 @@ def onnx_build(built_demo, tmp_path_factory):
     # as an exporter writes it: a dynamic batch (model.input_shape fixes it)
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
     onnx.save(model, project / "digits.onnx")
-    (project / "quantflow.toml").write_text(_onnx_config(demo, "digits.onnx"))
+    (project / "quantflow.toml").write_text(onnx_config(demo, "digits.onnx"))
     assert sorted(p.name for p in project.iterdir()) == ["calib_data", "digits.onnx", "eval_data", "quantflow.toml"]
     proc = run_quantflow(project, "build")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -76,44 +68,3 @@ def test_same_int8_parameters_and_gate_result_as_the_mindspore_network(onnx_buil
     onnx_r = json.loads((onnx_dirs["gate"] / "accuracy_report.json").read_text())
     for key in ("fp32_top1", "int8_top1", "images", "passed"):
         assert ms_r[key] == onnx_r[key], key
-
-
-def test_report_and_list_show_the_last_build(onnx_build):
-    _, project, _ = onnx_build
-    latest = _latest(project)
-    rep = run_quantflow(project, "report")
-    assert rep.returncode == 0, rep.stderr
-    assert Path(latest["accuracy_report"]).read_text() in rep.stdout
-    assert f"gate: {'PASS' if latest['gate']['passed'] else 'FAIL'}" in rep.stdout
-    listed = run_quantflow(project, "list")
-    rows = {line.split()[0]: line for line in listed.stdout.splitlines() if line and not line.startswith("(")}
-    assert list(rows) == ["preflight", "train", "sample", "graph", "calibrate", "aipp", "fallback", "export", "atc",
-                          "gate", "summary"]
-    assert latest["artifacts"]["gate"] in rows["gate"]
-
-
-def test_two_configs_build_in_parallel_each_in_its_own_output_dir(onnx_build):
-    _, project, _ = onnx_build
-    text = (project / "quantflow.toml").read_text()
-    for name in ("a", "b"):
-        (project / f"{name}.toml").write_text(text.replace('output_dir = "build"', f'output_dir = "build_{name}"')
-                                              .replace("threshold = 0.01", f"threshold = 0.0{2 if name == 'b' else 1}"))
-    proc = run_quantflow(project, "build", "a.toml", "b.toml", "-j", "2")
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "===== a.toml: built" in proc.stdout and "===== b.toml: built" in proc.stdout
-    a = json.loads((project / "build_a" / "latest.json").read_text())
-    b = json.loads((project / "build_b" / "latest.json").read_text())
-    assert a["gate"]["threshold"] == 0.01 and b["gate"]["threshold"] == 0.02
-    assert all(Path(p).is_relative_to(project / "build_a") for p in a["artifacts"].values())
-    assert all(Path(p).is_relative_to(project / "build_b") for p in b["artifacts"].values())
-    assert (project / "build_a" / ".doit.sqlite").is_file() and (project / "build_b" / ".doit.sqlite").is_file()
-    # the same calibration in both: identical INT8 parameters, written twice, apart
-    assert (Path(a["qparams"]).read_bytes() == Path(b["qparams"]).read_bytes()) and a["qparams"] != b["qparams"]
-
-
-def test_two_configs_with_one_output_dir_are_refused_by_name(onnx_build):
-    _, project, _ = onnx_build
-    (project / "c.toml").write_text((project / "quantflow.toml").read_text())
-    proc = run_quantflow(project, "build", "quantflow.toml", "c.toml", "-j", "2")
-    assert proc.returncode == 2
-    assert "quantflow.toml and c.toml both build into" in proc.stderr and "build.output_dir" in proc.stderr

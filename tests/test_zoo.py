@@ -1,13 +1,13 @@
-"""mindcv model-zoo networks (random weights) through the whole doit graph, read from model.mindir."""
+"""mindcv model-zoo networks (random weights) through the whole build graph, read from model.mindir, built with
+`quantflow build` in a folder holding only the project (no dodo.py)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, clean_env, run_doit, task_lines
+from conftest import REPO, run_quantflow, task_lines
 
 pytest.importorskip("mindcv")
 
@@ -16,14 +16,12 @@ pytest.importorskip("mindcv")
     ("resnet18", {"InplaceAddExt", "MaxPool", "Conv2D"}),
     ("mobilenet_v3_small_100", {"HSwish", "HSigmoid", "Mul", "Conv2D"}),
 ])
-def test_zoo_network_runs_through_doit(tmp_path, arch, expect):
+def test_zoo_network_builds_with_quantflow_build(tmp_path, arch, expect):
     from quantflow.demo.zoo import build_project
 
     toml = build_project(arch, tmp_path / arch, size=64, calib_per_class=2, eval_per_class=2, verify_images=2,
                          data_root=REPO)
-    shutil.copy2(REPO / "dodo.py", tmp_path / arch / "dodo.py")
-    shutil.copytree(REPO / "tasks", tmp_path / arch / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
-    proc = run_doit(tmp_path / arch, f"config={toml}", env=clean_env())
+    proc = run_quantflow(tmp_path / arch, "build", str(toml))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     status = task_lines(proc.stdout)
     assert all(status[t] == "ran" for t in ("graph", "calibrate", "gate", "summary"))

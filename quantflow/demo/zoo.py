@@ -6,7 +6,7 @@
   with deterministic random weights **and BatchNorm statistics** (pretrained weights cannot be
   downloaded here), exported at ``1 x 3 x size x size``;
 - ``calib_data/`` and ``eval_data/``: the shipped digits images upscaled to ``size``;
-- ``quantflow.toml`` pointing at them (``model.mindir``; ``doit config=<dir>/quantflow.toml``).
+- ``quantflow.toml`` pointing at them (``model.mindir``; ``quantflow build <dir>/quantflow.toml``).
 
 With random weights accuracy means nothing, so the gate threshold is 1.0 (always passes): a
 zoo project shows that the graph is read, matches MindSpore, calibrates, quantizes and emulates;
@@ -124,7 +124,7 @@ def main(argv=None) -> None:
     ap.add_argument("--method", default="mse", choices=["minmax", "percentile", "kl", "mse"])
     a = ap.parse_args(argv)
     toml = build_project(a.arch, a.out, a.size, a.calib_per_class, a.eval_per_class, a.method)
-    print(f"wrote {toml}; run: doit config={toml}")
+    print(f"wrote {toml}; run: quantflow build {toml}")
 
 
 if __name__ == "__main__":

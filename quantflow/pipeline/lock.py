@@ -1,9 +1,14 @@
-"""One build at a time per folder: an exclusive lock held for the whole `doit` run.
+"""One build at a time per output folder: an exclusive lock held for the whole build.
 
-Two `doit` runs in one folder share doit's dependency database and the artifact folders; the second
-one waits for the first (printing who holds the lock) instead of running every stage over the same
-files.  The lock is an ``fcntl.flock`` on ``build/.quantflow.lock``: the kernel releases it when the
-holding process ends, however it ends.
+Two builds of one ``build.output_dir`` would share doit's dependency database and the artifact folders; the
+second one therefore WAITS for the first (printing which process holds the lock) instead of running every stage
+over the same files.  Builds of different output folders take different locks and run side by side.  (Within one
+``quantflow build a.toml b.toml`` two configs naming the same output folder are refused before anything runs:
+quantflow.cli.)
+
+The lock is an ``fcntl.flock`` on ``<output_dir>/.quantflow.lock``: the kernel releases it when the holding
+process ends, however it ends; processes forked by the holder (doit's ``-n``) share it.  A process that asks
+again for a lock it holds gets it at once.
 """
 from __future__ import annotations
 
@@ -13,14 +18,19 @@ import sys
 import time
 from pathlib import Path
 
-_held = []
+LOCK_NAME = ".quantflow.lock"
+
+_held: dict[Path, object] = {}  # lock file -> its open file, kept open (and locked) for the life of the process
 
 
 def acquire(folder: Path | str = "build", poll_s: float = 0.5, timeout_s: float | None = None) -> Path:
-    """Take the folder's lock, waiting (with a message) while another build holds it."""
+    """Take ``folder``'s lock, waiting (with a message naming the lock file and its holder) while another process
+    holds it; TimeoutError after ``timeout_s`` if given.  Returns the lock file."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / ".quantflow.lock"
+    path = folder / LOCK_NAME
+    if path.resolve() in _held:
+        return path
     f = open(path, "a+")
     start, told = time.monotonic(), False
     while True:
@@ -42,5 +52,5 @@ def acquire(folder: Path | str = "build", poll_s: float = 0.5, timeout_s: float 
     f.truncate()
     f.write(f"pid {os.getpid()}\n")
     f.flush()
-    _held.append(f)  # keep the file (and the lock) open for the life of the process
+    _held[path.resolve()] = f
     return path

@@ -1,9 +1,9 @@
 r"""The quantflow doit task graph, shipped with the package: a model repo needs only its quantflow.toml,
-and ``quantflow build`` (quantflow.cli) or a three-line dodo.py runs it::
+and ``quantflow build`` (quantflow.cli, through ``namespace(config)``) or a three-line dodo.py runs it::
 
     from quantflow.pipeline.tasks import *  # noqa: F401,F403  (the task_* functions)
     from quantflow.pipeline.tasks import doit_config
-    DOIT_CONFIG = doit_config()
+    DOIT_CONFIG = doit_config()   # `doit config=FILE` (default quantflow.toml) chooses the configuration
 
     train (optional) -> sample -> graph -> calibrate -> fallback -> export -> atc --\
                           \                               |   \                /     >-> summary
@@ -34,8 +34,11 @@ from quantflow.pipeline import atomic, cache, lock
 from quantflow.config import DEFAULT_CONFIG_NAME, load_config
 from quantflow.errors import QuantflowError
 
-# ----------------------------------------------------------------------------- helpers
+# ----------------------------------------------------------------------------- the build
 
+# The one build this process runs: its configuration ("cfg", loaded once), the stage keys ("keys") and what they
+# hash ("key_inputs").  It is bound either explicitly (namespace(), which quantflow build calls) or, for a dodo.py,
+# on first use from doit's command line; nothing about it is fixed at import.
 _state: dict = {}
 
 
@@ -46,46 +49,72 @@ __all__ = [f"task_{t}" for t in DEFAULT_TASKS]
 
 def config_file() -> Path:
     """``doit config=FILE``, else $QUANTFLOW_CONFIG, else quantflow.toml in the current directory."""
-    # get_var gives None outside a doit command line (quantflow build loads the tasks through doit's API)
+    # get_var gives None outside a doit command line
     return Path(get_var("config", None) or os.environ.get("QUANTFLOW_CONFIG") or DEFAULT_CONFIG_NAME)
 
 
+def open_build(path: Path):
+    """Load the configuration at ``path`` for building: take its output folder's lock (one build at a time per
+    build.output_dir; a second build of the same folder waits), sweep what a killed build left there, and let
+    model.entry / train.entry modules beside the config import.  A bad config raises QuantflowError."""
+    c = load_config(path)
+    lock.acquire(c.out)
+    atomic.sweep(c.out)
+    if str(c.root) not in sys.path:
+        sys.path.insert(0, str(c.root))
+    return c
+
+
+def namespace(config: Path | str) -> dict:
+    """The task graph for one configuration file, as doit's ModuleTaskLoader takes it: the task_* creators and
+    DOIT_CONFIG.  Binds this process's build to ``config`` (opened with open_build)."""
+    _state.clear()
+    _state["cfg"] = open_build(Path(config))
+    return {**{name: globals()[name] for name in __all__}, "DOIT_CONFIG": doit_config()}
+
+
 def cfg():
-    """The build's configuration, loaded once; loading takes the output folder's lock (one build at a time
-    per build.output_dir: a second build of the same folder waits) and sweeps what a killed build left."""
+    """The bound build's configuration; a dodo.py's build is bound here, on first use, to config_file()."""
     if "cfg" not in _state:
         try:
-            c = load_config(config_file())
-            lock.acquire(c.out)
-            atomic.sweep(c.out)
+            _state["cfg"] = open_build(config_file())
         except QuantflowError as err:  # a clean message instead of doit's traceback of the loader
             print(f"quantflow: {err}", file=sys.stderr)
             raise SystemExit(2) from None
-        if str(c.root) not in sys.path:  # model.entry / train.entry modules beside the config import
-            sys.path.insert(0, str(c.root))
-        _state["cfg"] = c
     return _state["cfg"]
 
 
 def doit_config() -> dict:
-    """doit's settings for the configured build: its state (sqlite, which commits atomically: a build
-    killed while doit records its state cannot corrupt it) beside the build's own outputs, so that builds
-    with different output folders never share it."""
+    """doit's settings for the bound build: its state (sqlite, which commits atomically: a build killed while
+    doit records its state cannot corrupt it) beside the build's own outputs, so that builds with different
+    output folders never share it."""
     return {"default_tasks": DEFAULT_TASKS, "verbosity": 2, "dep_file": str(cfg().out / ".doit.sqlite"),
             "backend": "sqlite3"}
 
 
+def _manifest(c) -> Path:
+    return c.out / "calibration" / "manifest.json"
+
+
 def manifest_path() -> Path:
-    return cfg().out / "calibration" / "manifest.json"
+    return _manifest(cfg())
+
+
+def _key(c, stage: str, memo: dict) -> tuple[str, dict]:
+    """``stage``'s artifact key under configuration ``c`` and the inputs it hashes (memoized in ``memo``)."""
+    if stage not in memo:
+        upstream = {u: _key(c, u, memo)[0] for u in cache.upstream(c, stage)}
+        inputs = cache.stage_inputs(c, stage, _manifest(c), upstream)
+        memo[stage] = (cache.artifact_key(inputs), inputs)
+    return memo[stage]
 
 
 def stage_key(stage: str) -> tuple[str, Path]:
-    """A keyed stage's artifact key and folder (computed once the checkpoint and the manifest exist)."""
+    """A keyed stage's artifact key and folder (computed once the checkpoint and the manifest exist); the folder
+    is created with the key's inputs in it (key_inputs.json)."""
     keys = _state.setdefault("keys", {})
     if stage not in keys:
-        upstream = {u: stage_key(u)[0] for u in cache.upstream(cfg(), stage)}
-        inputs = cache.stage_inputs(cfg(), stage, manifest_path(), upstream)
-        key = cache.artifact_key(inputs)
+        key, inputs = _key(cfg(), stage, _state.setdefault("key_inputs", {}))
         kdir = cache.artifact_dir(cfg(), stage, key)
         kdir.mkdir(parents=True, exist_ok=True)
         atomic.write_json(kdir / "key_inputs.json", inputs)
@@ -95,6 +124,20 @@ def stage_key(stage: str) -> tuple[str, Path]:
 
 def stage_dir(stage: str) -> Path:
     return stage_key(stage)[1]
+
+
+def artifact_status(c) -> dict[str, tuple[bool, Path]]:
+    """For each keyed stage: whether its artifacts for the current inputs are complete, and their folder.  Reads
+    only (no lock, nothing written), so it may run beside a build; empty before the first ``sample``, whose
+    manifest every key depends on.  The keys follow the manifest as last sampled."""
+    if not _manifest(c).is_file():
+        return {}
+    memo: dict = {}
+    status = {}
+    for stage in cache.UPSTREAM:
+        kdir = cache.artifact_dir(c, stage, _key(c, stage, memo)[0])
+        status[stage] = (cache.done_marker(kdir, stage).is_file(), kdir)
+    return status
 
 
 def guarded(fn):
