@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from ..backends import aipp
-from ..engine.float_runner import float_runner
 from ..engine import shard
+from ..engine.float_runner import float_runner
 from ..engine.int8_emulator import Emulator
 from ..errors import DataError
 from ..images import load_images, preprocess, scan_class_folders
