@@ -109,26 +109,33 @@ def stages() -> list[tuple[str, str]]:
     return [(name, line(name)) for name in graph.DEFAULT_TASKS]
 
 
+def _stage_state(name: str, c, keyed: dict) -> tuple[str, Path | None]:
+    """A stage's state and the file or folder holding its current output (None if not known)."""
+    from .pipeline.tasks import latest_path, manifest_path
+
+    if name in keyed:
+        done, folder = keyed[name]
+        return ("up to date" if done else "to run"), folder
+    if name == "sample":
+        return ("sampled", manifest_path(c)) if manifest_path(c).is_file() else ("to run", None)
+    if name == "summary":
+        if not latest_path(c).is_file():
+            return "to run", None
+        current = {s: str(folder) for s, (_, folder) in keyed.items()}
+        return ("up to date" if _read_latest(latest_path(c)).get("artifacts") == current else "to run"), latest_path(c)
+    if name == "train" and c.train is None:
+        return "not used", None
+    return "-", None  # preflight, train: decided by doit's own record of their inputs
+
+
 def list_stages(config: Path) -> int:
-    """Each stage with its state and where its current artifacts are; reads only, so it may run during a build."""
+    """Each stage with its state and where its current output is; reads only, so it may run during a build."""
     from .pipeline.tasks import artifact_status
 
     c = load_config(config)
     keyed = artifact_status(c)
-    manifest, latest = c.out / "calibration" / "manifest.json", c.out / "latest.json"
     for name, doc in stages():
-        if name in keyed:
-            done, where = keyed[name]
-            state = "up to date" if done else "to run"
-        elif name == "sample" and manifest.is_file():
-            state, where = "sampled", manifest
-        elif name == "summary" and latest.is_file():
-            current = {s: str(d) for s, (_, d) in keyed.items()}
-            state, where = ("up to date" if _read_latest(latest).get("artifacts") == current else "to run"), latest
-        elif name == "train" and c.train is None:
-            state, where = "not used", None
-        else:  # preflight and train: doit's own record decides
-            state, where = ("-" if name in ("preflight", "train") else "to run"), None
+        state, where = _stage_state(name, c, keyed)
         print(f"{name:<10} {state:<10}  {doc}" + (f"  [{where}]" if where else ""))
     if not keyed:
         print(f"(nothing sampled yet for {config}: the artifact folders are known once `sample` has run)")
@@ -144,7 +151,9 @@ def _read_latest(path: Path) -> dict:
 
 def report(config: Path) -> int:
     """Print the last build's accuracy report and the gate's verdict (from ``<output_dir>/latest.json``)."""
-    path = load_config(config).out / "latest.json"
+    from .pipeline.tasks import latest_path
+
+    path = latest_path(load_config(config))
     if not path.is_file():
         raise QuantflowError(f"no build to report: {path} not found (run `quantflow build {config}` first)")
     latest = _read_latest(path)

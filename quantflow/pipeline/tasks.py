@@ -92,19 +92,21 @@ def doit_config() -> dict:
             "backend": "sqlite3"}
 
 
-def _manifest(c) -> Path:
-    return c.out / "calibration" / "manifest.json"
+def manifest_path(c=None) -> Path:
+    """The calibration manifest of configuration ``c`` (default: the bound build's)."""
+    return (c if c is not None else cfg()).out / "calibration" / "manifest.json"
 
 
-def manifest_path() -> Path:
-    return _manifest(cfg())
+def latest_path(c=None) -> Path:
+    """``<output_dir>/latest.json``, naming the artifacts of the last build that passed the gate."""
+    return (c if c is not None else cfg()).out / "latest.json"
 
 
 def _key(c, stage: str, memo: dict) -> tuple[str, dict]:
     """``stage``'s artifact key under configuration ``c`` and the inputs it hashes (memoized in ``memo``)."""
     if stage not in memo:
         upstream = {u: _key(c, u, memo)[0] for u in cache.upstream(c, stage)}
-        inputs = cache.stage_inputs(c, stage, _manifest(c), upstream)
+        inputs = cache.stage_inputs(c, stage, manifest_path(c), upstream)
         memo[stage] = (cache.artifact_key(inputs), inputs)
     return memo[stage]
 
@@ -130,7 +132,7 @@ def artifact_status(c) -> dict[str, tuple[bool, Path]]:
     """For each keyed stage: whether its artifacts for the current inputs are complete, and their folder.  Reads
     only (no lock, nothing written), so it may run beside a build; empty before the first ``sample``, whose
     manifest every key depends on.  The keys follow the manifest as last sampled."""
-    if not _manifest(c).is_file():
+    if not manifest_path(c).is_file():
         return {}
     memo: dict = {}
     status = {}
@@ -365,7 +367,7 @@ def _summary() -> dict:
 
 def do_summary():
     s = _summary()
-    _write_json(cfg().out / "latest.json", s)
+    _write_json(latest_path(), s)
     print("artifacts: " + ", ".join(f"{stage} {key}" for stage, key in s["keys"].items()))
     for k in ("qparams", "deploy_onnx", "deploy_mindir", "deploy_air", "record", "mindir", "graph_onnx", "air",
               "aipp_config", "om", "accuracy_report", "sensitivity"):
@@ -380,7 +382,7 @@ def do_summary():
 
 def _summary_uptodate() -> bool:
     try:
-        return json.loads((cfg().out / "latest.json").read_text()) == json.loads(json.dumps(_summary()))
+        return json.loads(latest_path().read_text()) == json.loads(json.dumps(_summary()))
     except (OSError, ValueError, KeyError):
         return False
 
