@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import builtins
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import nets
 from quantflow.backends.aipp import parse
 from quantflow.config import EngineSection
 from quantflow.engine import shard
@@ -24,11 +24,47 @@ TWO_PROCESSES = EngineSection(workers=2)
 LOCAL_RAY = EngineSection(workers=2, ray_address="local")
 
 
+@pytest.fixture(scope="module")
+def ray():
+    """Ray, shut down after this module's tests (the first of them starts its local runtime through
+    ``engine.ray_address = "local"``).  Ray is in the test extra: a missing one fails, it is not skipped."""
+    import ray
+    with pytest.MonkeyPatch.context() as mp:  # Ray's workers import _echo by module name, as spawned processes do
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])))
+        yield ray
+        ray.shutdown()
+
+
+@pytest.fixture(params=["processes", "ray"])
+def engine(request, ray):
+    return {"processes": TWO_PROCESSES, "ray": LOCAL_RAY}[request.param]
+
+
 def test_split_cuts_contiguous_runs_on_batch_boundaries():
     assert shard.split(1000, 2, 64) == [range(0, 512), range(512, 1000)]
     assert shard.split(10, 3) == [range(0, 4), range(4, 8), range(8, 10)]
     assert shard.split(5, 4, 8) == [range(0, 5)]
     assert [i for r in shard.split(359, 3, 32) for i in r] == list(range(359))
+
+
+def test_deal_spreads_items_round_robin():
+    assert shard.deal(list("abcdefg"), 3) == [["a", "d", "g"], ["b", "e"], ["c", "f"]]
+    assert shard.deal([1, 2], 4) == [[1], [2]]
+    assert shard.deal([1, 2, 3], 1) == [[1, 2, 3]]
+
+
+def _echo(shared, piece):
+    from quantflow.engine import float_runner
+    return shared, piece, float_runner.THREADS
+
+
+def test_shards_come_back_in_order_with_the_shared_input_and_a_share_of_the_threads(engine, ray):
+    got = shard.run(_echo, {"graph": "shared"}, [3, 1, 4, 1, 5], engine)
+    share = max(1, (os.cpu_count() or 1) // 2)
+    assert got == [({"graph": "shared"}, piece, share) for piece in [3, 1, 4, 1, 5]]
+    if engine.ray_address:  # "local": a runtime of engine.workers CPUs, started here
+        assert ray.is_initialized() and ray.cluster_resources()["CPU"] == 2
+    assert shard.run(_echo, "here", [7], EngineSection())[0] == ("here", 7, None)
 
 
 @pytest.fixture(scope="module")
@@ -47,22 +83,18 @@ def _with(cfg, engine):
     return cfg.model_copy(update={"engine": engine})
 
 
-@pytest.mark.parametrize("engine", [TWO_PROCESSES, LOCAL_RAY], ids=["processes", "ray"])
 def test_sharded_gate_logits_equal_the_single_process_ones(demo, engine):
-    import ray
-
     cfg, graph, qp, aipp, fp, labels, q = demo
-    try:
-        fp_s, labels_s = fp32_logits(_with(cfg, engine), graph)
-        q_s = int8_logits(_with(cfg, engine), fold_for_quantization(graph), qp, aipp)
-    finally:
-        ray.shutdown()
-    assert len(fp) == len(labels) == 359
+    fp_s, labels_s = fp32_logits(_with(cfg, engine), graph)
+    q_s = int8_logits(_with(cfg, engine), fold_for_quantization(graph), qp, aipp)
+    assert len(fp) == len(labels) == 359 and len(shard.split(359, 2, 32)) == 2
     assert np.array_equal(fp_s, fp) and np.array_equal(labels_s, labels) and np.array_equal(q_s, q)
 
 
 @pytest.fixture(scope="module")
 def residual(tmp_path_factory):
+    import nets  # MindSpore: not at the top, so that workers unpickling _echo by reference do not import it
+
     path = nets.export(nets.ResidualNet(), tmp_path_factory.mktemp("shard") / "res.mindir")
     folded = fold_for_quantization(read_mindir(path))
     calib = np.random.default_rng(1).normal(size=(32, 3, 16, 16)).astype(np.float32)
@@ -70,16 +102,10 @@ def residual(tmp_path_factory):
     return folded, calibrate(folded, batches, "minmax"), batches
 
 
-@pytest.mark.parametrize("engine", [TWO_PROCESSES, LOCAL_RAY], ids=["processes", "ray"])
 def test_sharded_sensitivity_sweep_equals_the_single_process_one(residual, engine):
-    import ray
-
     folded, qp, batches = residual
     one = analyse(folded, qp, batches, bias_shift=True)
-    try:
-        many = analyse(folded, qp, batches, bias_shift=True, engine=engine)
-    finally:
-        ray.shutdown()
+    many = analyse(folded, qp, batches, bias_shift=True, engine=engine)
     assert len(one.rows) == len(qp.ops) >= 3
     assert one.as_dict() == many.as_dict()
     assert one.bias_shift.keys() == many.bias_shift.keys()
@@ -102,4 +128,5 @@ def test_a_missing_ray_is_reported_with_the_setting_and_the_extra(monkeypatch):
 def test_where_says_where_the_work_runs():
     assert shard.where(EngineSection()) == "in this process"
     assert shard.where(TWO_PROCESSES) == "over 2 local worker processes"
-    assert shard.where(LOCAL_RAY) == "over Ray (local, 2 shards)"
+    assert shard.where(LOCAL_RAY) == "over a local Ray runtime (2 shards)"
+    assert shard.where(EngineSection(workers=8, ray_address="ray://head:10001")) == "over Ray at ray://head:10001 (8 shards)"

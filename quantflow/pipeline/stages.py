@@ -175,8 +175,9 @@ def fallback_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, aipp_d
     else:
         from ..backends.aipp import parse
         from ..quantization.passes import fold_for_quantization
-        from .gate import compare, fp32_logits, int8_logits
+        from .gate import compare, eval_items, fp32_logits, int8_logits
 
+        print(f"fallback: accuracy checks on {len(eval_items(cfg)[0])} held-out images {shard.where(cfg.engine)}")
         graph = load_graph(cfg, graph_dir)
         folded = fold_for_quantization(graph)
         aipp_cfg = Path(aipp_dir) / "aipp.cfg"
@@ -298,13 +299,13 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
     from ..quantization.passes import fold_for_quantization
     from ..quantization.qparams import QuantParams
     from ..report import html
-    from .gate import evaluate, format_table, write_report
+    from .gate import eval_items, evaluate, format_table, write_report
 
     kdir, aipp_cfg = Path(kdir), Path(aipp_dir) / "aipp.cfg"
     graph = load_graph(cfg, graph_dir)
     aipp_params = parse(aipp_cfg.read_text(), str(aipp_cfg))
     qp = QuantParams.load(fallback_dir)
-    print(f"gate: FP32 and INT8 evaluation {shard.where(cfg.engine)}")
+    print(f"gate: FP32 and INT8 on {len(eval_items(cfg)[0])} held-out images {shard.where(cfg.engine)}")
     report = evaluate(cfg, graph, fold_for_quantization(graph), qp, aipp_params)
     write_report(report, kdir / "accuracy_report.json", kdir / "accuracy_report.txt")
     sensitivity = json.loads((Path(calibrate_dir) / "sensitivity.json").read_text())

@@ -15,11 +15,12 @@ With ``bias_shift`` the ``alone`` runs also measure each op's per-output-channel
 bias correction of Nagel et al. 2019 ("Data-Free Quantization", sec. 4.2), one op at a time.
 
 The FP32 reference of every quantized op's output is computed once and held for the analysed images
-(``quantization.sensitivity_images``, 32 by default: about 320 MB for ResNet-18 at 224x224).  The
-float16 emulation of the network with no op in INT8 is run once as well, keeping the values each op's
-INT8 run starts from; each op's run then emulates only the graph from its Quant on (``Graph.suffix``,
-fed with those values: bit for bit what the whole graph's emulation gives, tests/test_int8_emulator.py),
-about half the work of emulating every op's whole graph.  The error statistics are running sums.
+(``quantization.sensitivity_images``, 32 by default: about 320 MB for ResNet-18 at 224x224).  So is the
+float16 emulation of the network with no op in INT8, keeping (as float16) the values each op's INT8
+run starts from: each op's run then emulates only the deploy graph from its Quant on (``Graph.suffix``,
+fed with those values; bit for bit what emulating the whole graph gives, tests/test_sensitivity.py),
+about half the work of emulating every op's whole graph.  The one-op runs shard over ``[engine]``
+(the references go to each worker once).  The error statistics are running sums.
 """
 from __future__ import annotations
 
@@ -139,22 +140,24 @@ def _from_its_quant(graph: Graph, qparams: QuantParams, node: str) -> Graph:
     return tail if all(tail.tensors[i].dtype in ("float32", "float16") for i in tail.inputs) else deploy
 
 
+def _prefixes(graph: Graph, qparams: QuantParams, inputs: list[np.ndarray], nodes: list[str]) -> list[dict]:
+    """Per batch, the float16 values (no op in INT8) of every tensor the runs of ``nodes`` start from."""
+    starts = list(dict.fromkeys(i for node in nodes for i in _from_its_quant(graph, qparams, node).inputs))
+    no_int8 = Emulator(graph, QuantParams(qparams.method, []), extra_outputs=starts)
+    # float16 holds them exactly (the emulation's values are float16 numbers): half the memory, no conversion per run
+    return [{k: v.astype(np.float16) for k, v in no_int8.outputs(x.astype(np.float16), starts).items()} for x in inputs]
+
+
 def _op_rows(shared, nodes: list[str]) -> list[tuple[dict, np.ndarray | None]]:
     """(row, output mean shift) of each op in ``nodes`` alone in INT8 (a shard of the sweep)."""
-    graph, qparams, inputs, bias_shift = shared
-    refs = _references(graph, qparams, inputs)  # once per shard, for every op below
+    graph, qparams, refs, prefixes, bias_shift = shared
     out_of = {n.name: n.outputs[0] for n in graph.nodes}
     final = graph.outputs[0]
     by_node = {q.node: q for q in qparams.ops}
-    runs = {node: _from_its_quant(graph, qparams, node) for node in nodes}
-    starts = list(dict.fromkeys(i for g in runs.values() for i in g.inputs))
-    no_int8 = Emulator(graph, QuantParams(qparams.method, []), extra_outputs=starts)
-    prefixes = [no_int8.outputs(x.astype(np.float16), starts) for x in inputs]  # once, for every op below
-    del no_int8
     done = []
     with progress(len(nodes), "sensitivity: per-layer runs") as bar:
         for node in nodes:
-            q, t, run = by_node[node], out_of[node], runs[node]
+            q, t, run = by_node[node], out_of[node], _from_its_quant(graph, qparams, node)
             emu = Emulator(run, extra_outputs=[t])
             alone, output, shift = Agreement(), Agreement(), _ChannelShift(q.relu)
             for prefix, ref in zip(prefixes, refs):
@@ -174,22 +177,20 @@ def _op_rows(shared, nodes: list[str]) -> list[tuple[dict, np.ndarray | None]]:
 def analyse(graph: Graph, qparams: QuantParams, batches, bias_shift: bool = False, engine=None) -> Sensitivity:
     """The per-op errors of ``qparams`` on the (BatchNorm-folded) ``graph`` over ``batches`` (a re-iterable
     of float N,C,H,W arrays in the training preprocessing; the emulation reads them as float16).  The
-    one-op-at-a-time sweep shards over ``engine`` (quantflow.engine.shard), with the same numbers."""
+    one-op-at-a-time runs shard over ``engine`` (quantflow.engine.shard), with the same numbers."""
     from ..engine import shard
 
     out_of = {n.name: n.outputs[0] for n in graph.nodes}
     op_outputs = [out_of[q.node] for q in qparams.ops]
     inputs = [np.asarray(x) for x in batches]
-    images = sum(len(x) for x in inputs)
     nodes = [q.node for q in qparams.ops]
-    parts = shard.run(_op_rows, (graph, qparams, inputs, bias_shift),
-                      [nodes[r.start:r.stop] for r in shard.split(len(nodes), engine.workers if engine else 1)], engine)
-    rows, shifts = [], {}
-    for row, shift in (d for part in parts for d in part):
-        rows.append(row)
-        if bias_shift:
-            shifts[row["node"]] = shift
     refs = _references(graph, qparams, inputs)
+    shared = (graph, qparams, refs, _prefixes(graph, qparams, inputs, nodes), bias_shift)
+    parts = shard.run(_op_rows, shared, shard.deal(nodes, engine.workers if engine else 1), engine)
+    done = {row["node"]: (row, shift) for part in parts for row, shift in part}
+    del shared, parts  # the start values: not needed below
+    rows = [done[node][0] for node in nodes]
+    shifts = {node: done[node][1] for node in nodes} if bias_shift else {}
     with progress(1, "sensitivity: all layers in INT8") as bar:
         emu = Emulator(graph, qparams, extra_outputs=op_outputs)
         cumulative = {q.node: Agreement() for q in qparams.ops}
@@ -200,7 +201,7 @@ def analyse(graph: Graph, qparams: QuantParams, batches, bias_shift: bool = Fals
         for r in rows:
             r["cumulative"] = cumulative[r["node"]].as_dict()
         bar.update(1)
-    return Sensitivity(rows, images, shifts)
+    return Sensitivity(rows, sum(len(x) for x in inputs), shifts)
 
 
 def correct_bias(qparams: QuantParams, shifts: dict[str, np.ndarray]) -> QuantParams:
