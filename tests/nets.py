@@ -182,6 +182,30 @@ class OpZoo(nn.Cell):
         return self.fc(w.transpose(0, 2, 1).reshape(n, 64))
 
 
+class DetectorStyle(nn.Cell):
+    """A YOLO-style detector: a SiLU backbone, a feature-pyramid step (1x1 lateral convolution, nearest
+    upsampling, concatenation with the finer map) and two detection heads (1x1 convolutions with
+    bias, Sigmoid), each head a network output of anchors x (box, objectness, classes) channels."""
+
+    def __init__(self, anchors=3, classes=4):
+        super().__init__()
+        self.s1 = conv_bn(3, 8, stride=2, act=nn.SiLU)
+        self.s2 = conv_bn(8, 16, stride=2, act=nn.SiLU)
+        self.s3 = conv_bn(16, 32, stride=2, act=nn.SiLU)
+        self.lateral = conv_bn(32, 16, k=1, act=nn.SiLU)
+        self.up = nn.Upsample(scale_factor=2.0, mode="nearest", recompute_scale_factor=True)
+        self.fuse = conv_bn(32, 16, act=nn.SiLU)
+        self.coarse = nn.Conv2d(32, anchors * (5 + classes), 1, has_bias=True)
+        self.fine = nn.Conv2d(16, anchors * (5 + classes), 1, has_bias=True)
+        self.sig = nn.Sigmoid()
+
+    def construct(self, x):
+        c2 = self.s2(self.s1(x))                                   # 16 x H/4 x W/4
+        c3 = self.s3(c2)                                           # 32 x H/8 x W/8
+        p2 = self.fuse(ops.concat((self.up(self.lateral(c3)), c2), 1))
+        return self.sig(self.coarse(c3)), self.sig(self.fine(p2))
+
+
 class Unsupported(nn.Cell):
     def __init__(self):
         super().__init__()

@@ -7,6 +7,8 @@ import cv2
 import numpy as np
 import pytest
 
+import nets
+
 from quantflow.config import config_from_dict
 from quantflow.errors import ConfigError, DataError, QuantflowError
 from quantflow.pipeline.preflight import preflight
@@ -46,6 +48,17 @@ def test_num_classes_against_the_network_output(demo_cfg, tmp_path):
         preflight(cfg)
     with pytest.raises(ConfigError, match=r"takes input \[1, 3, 32, 32\]"):
         preflight(variant(cfg, model={"num_classes": 10, "input_shape": [1, 3, 16, 16]}))
+
+
+def test_a_detector_is_refused_with_its_heads(demo_cfg, tmp_path):
+    from quantflow.backends.export import export_mindir
+
+    mindir = export_mindir(nets.randomize(nets.DetectorStyle()), (1, 3, 32, 32), tmp_path / "det.mindir")
+    cfg = variant(demo_cfg, model={"entry": None, "checkpoint": None, "mindir": str(mindir)},
+                  calibration={"per_class_min": 0}, train=None)
+    with pytest.raises(ConfigError, match=r"outputs have shapes \[1, 27, 4, 4\], \[1, 27, 8, 8\]: the accuracy gate "
+                                          r"ranks top-1 classes on the first output"):
+        preflight(cfg)
 
 
 def test_a_wrong_sized_evaluation_image_is_named(demo_cfg, tmp_path):

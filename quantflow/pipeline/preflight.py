@@ -2,8 +2,9 @@
 
 - the network: ``model.entry`` imports and builds, ``model.checkpoint`` loads into it (a shape mismatch names
   each parameter with both shapes; skipped when ``[train]`` will write the checkpoint), one forward pass at
-  ``model.input_shape`` works, and the output has ``model.num_classes`` columns; or ``model.mindir`` reads
-  into the IR with that input shape and output width;
+  ``model.input_shape`` works, and the first output (the one the top-1 gate ranks) is (batch,
+  ``model.num_classes``), a detector's heads refused with their shapes; or ``model.mindir`` /
+  ``model.onnx`` reads into the IR with that input shape and such an output;
 - the data: the calibration and evaluation folders hold class folders of readable images of the model's size;
 - the preprocessing: the declared normalization is plausible and the AIPP config reproduces it on a few
   calibration images (the full check runs again in the aipp stage).
@@ -19,7 +20,7 @@ from ..errors import ConfigError, DataError
 from ..images import check_image, scan_class_folders
 
 
-def _network_output(cfg, load_weights: bool) -> tuple[int, ...]:
+def _network_outputs(cfg, load_weights: bool) -> list[tuple[int, ...]]:
     import mindspore as ms
 
     from ..model import build_network
@@ -32,12 +33,11 @@ def _network_output(cfg, load_weights: bool) -> tuple[int, ...]:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"model.input_shape {list(cfg.model.input_shape)}: {cfg.model.entry} cannot run on an input "
                           f"of this shape (MindSpore: {first})") from None
-    y = y[0] if isinstance(y, (tuple, list)) else y
-    return tuple(y.shape)
+    return [tuple(o.shape) for o in (y if isinstance(y, (tuple, list)) else [y])]
 
 
-def _model_file_output(cfg) -> tuple[int, ...]:
-    """The output shape of model.mindir / model.onnx, read as the graph stage reads it."""
+def _model_file_outputs(cfg) -> list[tuple[int, ...]]:
+    """The output shapes of model.mindir / model.onnx, read as the graph stage reads it."""
     from ..frontends.source import model_file, read_model, source_field
 
     graph = read_model(cfg, Path("."))
@@ -45,7 +45,21 @@ def _model_file_output(cfg) -> tuple[int, ...]:
     if tuple(shape) != tuple(cfg.model.input_shape):
         raise ConfigError(f"model.input_shape {list(cfg.model.input_shape)}: {source_field(cfg)} "
                           f"{model_file(cfg, Path('.'))} takes input {list(shape)}")
-    return graph.shape(graph.outputs[0])
+    return [tuple(graph.shape(o)) for o in graph.outputs]
+
+
+def _classifier_output(cfg, outputs: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The network's first output, which the accuracy gate ranks by top-1: it must be (batch, num_classes)."""
+    out = outputs[0]
+    if len(out) != 2:
+        raise ConfigError(f"the network's output{'s have shapes' if len(outputs) > 1 else ' has shape'} "
+                          f"{', '.join(str(list(o)) for o in outputs)}: the accuracy gate ranks top-1 classes on "
+                          f"the first output and needs it (batch, model.num_classes); a detection or "
+                          f"dense-prediction head cannot be gated yet")
+    if out[-1] != cfg.model.num_classes:
+        raise ConfigError(f"model.num_classes = {cfg.model.num_classes}, but the network's output has shape "
+                          f"{list(out)} ({out[-1]} classes)")
+    return out
 
 
 def _first_images(data_dir: Path, num_classes: int, per_class: int) -> list:
@@ -65,12 +79,9 @@ def preflight(cfg) -> dict:
 
     _, c, h, w = cfg.model.input_shape
     if cfg.model.mindir or cfg.model.onnx:
-        out = _model_file_output(cfg)
+        out = _classifier_output(cfg, _model_file_outputs(cfg))
     else:
-        out = _network_output(cfg, load_weights=cfg.train is None)
-    if len(out) < 2 or out[-1] != cfg.model.num_classes:
-        raise ConfigError(f"model.num_classes = {cfg.model.num_classes}, but the network's output has shape "
-                          f"{list(out)} ({out[-1] if out else '?'} classes)")
+        out = _classifier_output(cfg, _network_outputs(cfg, load_weights=cfg.train is None))
     checked = {}
     for field, folder in (("calibration.data_dir", cfg.calibration.data_dir),
                           ("evaluation.data_dir", cfg.evaluation.data_dir)):
