@@ -159,8 +159,7 @@ def report(config: Path) -> int:
     latest = _read_latest(path)
     try:
         text, g = Path(latest["accuracy_report"]), latest["gate"]
-        verdict = (f"gate: {'PASS' if g['passed'] else 'FAIL'} (FP32 top-1 {g['fp32_top1']:.4f}, INT8 top-1 "
-                   f"{g['int8_top1']:.4f}, drop {g['drop']:.4f}, threshold {g['threshold']:g})")
+        verdict = f"gate: {'PASS' if g['passed'] else 'FAIL'} ({g['verdict']})"
     except (KeyError, TypeError) as err:
         raise QuantflowError(f"{path} lacks {err}; rebuild with `quantflow build`") from None
     if not text.is_file():

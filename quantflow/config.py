@@ -45,7 +45,9 @@ class ModelSection(_Section):
                                   "entry + checkpoint")
     input_shape: tuple[int, int, int, int] = Field(description="N, C, H, W of the network input")
     input_name: str = Field(default="x", description="name of the graph input, used for atc --input_shape")
-    num_classes: int = Field(gt=1)
+    num_classes: Optional[int] = Field(
+        default=None, gt=1, description="classes of the classification output (needed by evaluation.metric = "
+                                        "\"top1\"); passed to model.entry when it takes num_classes")
     verify_images: int = Field(default=8, gt=0, le=256,
                                description="calibration images on which the graph IR is checked against MindSpore")
     verify_tolerance: float = Field(default=1e-3, gt=0.0, description="largest allowed |IR - MindSpore| relative "
@@ -112,9 +114,10 @@ class NormalizationSection(_Section):
 
 
 class CalibrationSection(_Section):
-    data_dir: Path = Field(description="folder of per-class sub-folders of calibration images")
+    data_dir: Path = Field(description="folder of per-class sub-folders of calibration images (with evaluation.metric "
+                                       "= \"outputs\": any image folder, its sub-folders sampled as groups)")
     count: int = Field(gt=0, description="number of images to sample")
-    per_class_min: int = Field(default=1, ge=0, description="at least this many images of every class")
+    per_class_min: int = Field(default=1, ge=0, description="at least this many images of every class (or group)")
     seed: int = Field(default=0, ge=0)
     method: RangeMethod = "mse"
     percentile: float = Field(default=99.99, gt=50.0, le=100.0)
@@ -140,13 +143,30 @@ class QuantizationSection(_Section):
 
 
 class EvaluationSection(_Section):
-    data_dir: Path = Field(description="held-out per-class image folders for the accuracy gate")
-    threshold: float = Field(ge=0.0, le=1.0, description="largest allowed top-1 accuracy drop (fraction, 0.01 = 1 point)")
+    data_dir: Path = Field(description="held-out images for the accuracy gate: per-class folders (top1), or any "
+                                       "image folder (outputs)")
+    metric: Literal["top1", "outputs"] = Field(
+        default="top1", description="top1: classification accuracy of INT8 against FP32 on labelled images; "
+                                    "outputs: INT8 against FP32 on every network output (detectors and other "
+                                    "non-classification heads), by cosine similarity")
+    threshold: Optional[float] = Field(default=None, ge=0.0, le=1.0,
+                                       description="top1: largest allowed top-1 accuracy drop (fraction, 0.01 = 1 point)")
+    min_cosine: float = Field(default=0.99, gt=0.0, le=1.0,
+                              description="outputs: least cosine similarity of INT8 to FP32 allowed on any output")
     batch_size: int = Field(default=64, gt=0)
     max_class_drop: Optional[float] = Field(
         default=None, ge=0.0, le=1.0, description="largest allowed top-1 drop of any single class (off by default)")
     allow_missing_classes: bool = Field(
         default=False, description="let the gate run when some of the model's classes have no held-out images")
+
+    @model_validator(mode="after")
+    def _metric(self):
+        if self.metric == "top1" and self.threshold is None:
+            raise ValueError('evaluation.threshold is required with evaluation.metric = "top1"')
+        if self.metric == "outputs" and self.max_class_drop is not None:
+            raise ValueError('evaluation.max_class_drop is a top-1 setting; evaluation.metric = "outputs" has no '
+                             'classes (its limit is evaluation.min_cosine)')
+        return self
 
 
 class AippSection(_Section):
@@ -242,11 +262,22 @@ class QuantflowConfig(_Section):
                 f"model.input_shape has {c} channel(s) but normalization.mean has {n} value(s)")
         if (c == 1) != (self.aipp.input_channel_order == "GRAY"):
             raise ValueError("aipp.input_channel_order must be GRAY exactly when the model has one input channel")
-        if self.calibration.per_class_min * self.model.num_classes > self.calibration.count:
+        if self.evaluation.metric == "top1" and self.model.num_classes is None:
+            raise ValueError('model.num_classes is required with evaluation.metric = "top1" (the default)')
+        if self.evaluation.metric == "outputs" and self.quantization.fallback == "auto":
+            raise ValueError('quantization.fallback = "auto" rolls layers back by their top-1 drop; with '
+                             'evaluation.metric = "outputs" set it to "off" and use quantization.skip')
+        if self.evaluation.metric == "top1" and self.calibration.per_class_min * self.model.num_classes > self.calibration.count:
             raise ValueError(
                 f"calibration.count={self.calibration.count} cannot hold per_class_min="
                 f"{self.calibration.per_class_min} images of each of {self.model.num_classes} classes")
         return self
+
+    @property
+    def labelled_classes(self) -> int | None:
+        """The class count the image folders are labelled with (per-class folders): ``model.num_classes`` for
+        the top-1 gate; None for ``evaluation.metric = "outputs"``, whose image folders carry no labels."""
+        return self.model.num_classes if self.evaluation.metric == "top1" else None
 
     def path(self, p: Path) -> Path:
         """Resolve a configured path against the configuration's directory."""

@@ -53,6 +53,32 @@ def scan_class_folders(data_dir: Path, num_classes: int | None = None) -> list[L
     return items
 
 
+def scan_image_groups(data_dir: Path) -> list[LabeledImage]:
+    """All image files of an unlabelled folder (``evaluation.metric = "outputs"``): those directly in
+    ``data_dir`` (group ".") and those in each sub-folder (a group each, e.g. one per scene or camera),
+    labelled by group index in sorted order, in a stable order.  Hidden files and folders are ignored."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise DataError(f"image folder not found: {data_dir}")
+
+    def images(folder: Path) -> list[Path]:
+        return sorted(p for p in folder.iterdir()
+                      if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_EXTS)
+
+    groups = [(".", images(data_dir))] + [(f.name, images(f)) for f in sorted(data_dir.iterdir())
+                                          if f.is_dir() and not f.name.startswith(".")]
+    groups = [(name, files) for name, files in groups if files]
+    if not groups:
+        raise DataError(f"{data_dir}: no image files in it or its sub-folders ({', '.join(sorted(IMAGE_EXTS))})")
+    return [LabeledImage(p, label, name) for label, (name, files) in enumerate(groups) for p in files]
+
+
+def scan_images(data_dir: Path, classes: int | None) -> list[LabeledImage]:
+    """``classes`` per-class folders (the top-1 gate's layout), or for ``None`` an unlabelled image folder
+    (``QuantflowConfig.labelled_classes``)."""
+    return scan_image_groups(data_dir) if classes is None else scan_class_folders(data_dir, classes)
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

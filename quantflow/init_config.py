@@ -1,8 +1,9 @@
 """``quantflow init``: a commented quantflow.toml for the user's model.
 
 What can be read off the files is filled in (input name and shape, class count from the model's output or
-from the calibration folder's per-class sub-folders); what only the user knows (the training
-normalization, the gate's threshold) carries a default marked EDIT.  The written file always loads with
+from the calibration folder's per-class sub-folders; a model whose outputs are not one (batch, classes)
+tensor, e.g. a detector's heads, gets the outputs gate on unlabelled image folders); what only the user
+knows (the training normalization, the gate's limit) carries a default marked EDIT.  The written file always loads with
 ``load_config``; an existing file is never overwritten.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ TEMPLATE = """# quantflow configuration (written by `quantflow init`). Paths are
 {source}
 input_shape = {input_shape}   # N, C, H, W the network takes{shape_note}
 input_name = "{input_name}"    # the graph input's name (atc --input_shape)
-num_classes = {num_classes}{classes_note}
+{classes_line}
 # verify_images = 8          # calibration images on which the graph IR is checked against the source runtime
 # verify_tolerance = 1e-3    # largest allowed |IR - source| relative to the largest |output|
 
@@ -33,17 +34,16 @@ channel_order = "RGB"        # channel order the network was trained on: RGB, BG
 # reference = "mypkg.data:preprocess"   # optional: your own preprocessing function, checked against AIPP
 
 [calibration]
-data_dir = "{calib}"      # per-class sub-folders of real images (e.g. {calib}/cat/*.jpg)
+data_dir = "{calib}"      # {calib_note}
 count = {count}                  # images sampled (seeded, stratified)
-per_class_min = 1            # at least this many of every class
+per_class_min = 1            # at least this many of every class (or sub-folder group)
 seed = 0
 method = "mse"               # range method: mse, minmax, percentile or kl
 # batch_size = 32
 # on_bad_image = "error"     # or "skip": unreadable / wrong-size images are listed and left out
 
 [evaluation]
-data_dir = "{eval}"       # held-out per-class images for the accuracy gate
-threshold = 0.01             # EDIT: largest allowed top-1 drop of INT8 against FP32 (0.01 = 1 point)
+{evaluation_lines}
 # batch_size = 64
 
 [quantization]
@@ -67,6 +67,14 @@ workers = 1                  # local worker processes for the gate and the per-l
 """
 
 
+EVALUATION_TOP1 = """data_dir = "{eval}"       # held-out per-class images for the accuracy gate
+threshold = 0.01             # EDIT: largest allowed top-1 drop of INT8 against FP32 (0.01 = 1 point)"""
+
+EVALUATION_OUTPUTS = """metric = "outputs"           # INT8 against FP32 on every output (the model is not one classification output)
+data_dir = "{eval}"       # held-out images, directly in it or in sub-folders (no labels)
+min_cosine = 0.99            # EDIT: least cosine similarity of INT8 to FP32 allowed on any output"""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--onnx", type=Path, help="the trained network as ONNX")
@@ -78,8 +86,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", type=Path, default=Path(DEFAULT_CONFIG_NAME))
 
 
-def _model_io(a) -> tuple[list[int] | None, str | None, int | None]:
-    """Input shape, input name and output width read off the model file (None where unknown)."""
+def _model_io(a) -> tuple[list[int] | None, str | None, list[list] | None]:
+    """Input shape, input name and output shapes read off the model file (None where unknown)."""
     if a.onnx is not None:
         import onnx
         if not a.onnx.is_file():
@@ -88,15 +96,15 @@ def _model_io(a) -> tuple[list[int] | None, str | None, int | None]:
         init = {i.name for i in g.initializer}
         inp = next(i for i in g.input if i.name not in init)
         dims = [d.dim_value or None for d in inp.type.tensor_type.shape.dim]
-        out = [d.dim_value or None for d in g.output[0].type.tensor_type.shape.dim]
-        return ([1] + dims[1:] if len(dims) == 4 else None), inp.name, (out[-1] if out else None)
+        outs = [[d.dim_value or None for d in o.type.tensor_type.shape.dim] for o in g.output]
+        return ([1] + dims[1:] if len(dims) == 4 else None), inp.name, outs
     if a.mindir is not None:
         from .frontends.mindir import read_mindir
         if not a.mindir.is_file():
             raise ConfigError(f"--mindir: file not found: {a.mindir}")
         g = read_mindir(a.mindir)
         shape = list(g.tensors[g.inputs[0]].shape)
-        return shape if len(shape) == 4 else None, None, g.shape(g.outputs[0])[-1]
+        return shape if len(shape) == 4 else None, None, [list(g.shape(o)) for o in g.outputs]
     return None, None, None
 
 
@@ -121,20 +129,26 @@ def write_config(a) -> Path:
     if a.entry is not None and a.checkpoint is None:
         raise ConfigError("--entry needs --checkpoint (the trained weights)")
     base = out.resolve().parent
-    shape, name, width = _model_io(a)
+    shape, name, outs = _model_io(a)
+    classifier = not outs or (len(outs) == 1 and len(outs[0]) == 2)
     if a.onnx is not None:
         source = f'onnx = "{_rel(a.onnx, base)}"'
     elif a.mindir is not None:
         source = f'mindir = "{_rel(a.mindir, base)}"'
     else:
         source = f'entry = "{a.entry}"\ncheckpoint = "{_rel(a.checkpoint, base)}"'
-    classes = width or _class_count(a.calib)
+    classes = ((outs[0][-1] if outs else None) or _class_count(a.calib)) if classifier else None
+    evaluation = EVALUATION_TOP1 if classifier else EVALUATION_OUTPUTS
     text = TEMPLATE.format(
         source=source, input_shape=[d or 224 for d in shape] if shape else [1, 3, 224, 224],
         shape_note="" if shape and all(shape) else "   EDIT: not fixed in the model file",
-        input_name=name or "x", num_classes=classes or 1000,
-        classes_note="" if classes else "   # EDIT: the model's output width",
-        calib=_rel(a.calib, base), eval=_rel(a.eval, base), count=max(200, classes or 0),
+        input_name=name or "x",
+        classes_line=(f"num_classes = {classes or 1000}" + ("" if classes else "   # EDIT: the model's output width"))
+        if classifier else f"# num_classes: not needed, the outputs {outs} are gated by evaluation.metric = \"outputs\"",
+        calib_note="per-class sub-folders of real images (e.g. {}/cat/*.jpg)".format(_rel(a.calib, base)) if classifier
+        else "real images, directly in it or in sub-folders (sampled as groups, e.g. one per camera)",
+        evaluation_lines=evaluation.format(eval=_rel(a.eval, base)),
+        calib=_rel(a.calib, base), count=max(200, classes or 0),
         template="static_yuv400_u8.cfg" if shape and shape[1] == 1 else "static_rgb888_u8.cfg",
         frame_order="GRAY" if shape and shape[1] == 1 else "BGR")
     if shape and shape[1] == 1:

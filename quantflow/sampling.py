@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataError
-from .images import LabeledImage, check_image, file_sha256, scan_class_folders
+from .images import LabeledImage, check_image, file_sha256, scan_images
 
 
 def allocate(available: dict[int, int], count: int, per_class_min: int) -> dict[int, int]:
@@ -51,10 +51,11 @@ def allocate(available: dict[int, int], count: int, per_class_min: int) -> dict[
     return take
 
 
-def sample(data_dir: Path, root: Path, count: int, per_class_min: int, seed: int, num_classes: int,
+def sample(data_dir: Path, root: Path, count: int, per_class_min: int, seed: int, num_classes: int | None,
            channels: int, height: int, width: int, on_bad_image: str = "error") -> dict:
-    """Build the calibration manifest (a JSON-able dict)."""
-    items = scan_class_folders(data_dir, num_classes)
+    """Build the calibration manifest (a JSON-able dict).  ``num_classes`` None: an unlabelled folder, whose
+    sub-folders are sampled as the classes are (``images.scan_image_groups``)."""
+    items = scan_images(data_dir, num_classes)
     good: dict[int, list[LabeledImage]] = defaultdict(list)
     bad = []
     for it in items:
@@ -67,7 +68,7 @@ def sample(data_dir: Path, root: Path, count: int, per_class_min: int, seed: int
         listing = "\n".join(f"  {b['reason']}" for b in bad)
         raise DataError(f"{len(bad)} unusable calibration image(s) in {data_dir} "
                         f"(fix or remove them, or set calibration.on_bad_image = \"skip\"):\n{listing}")
-    missing = sorted(set(range(num_classes)) - set(good))
+    missing = sorted(set(range(num_classes)) - set(good)) if num_classes else []
     if per_class_min > 0 and missing:
         raise DataError(f"calibration.per_class_min={per_class_min} but {data_dir} has no usable images of "
                         f"class(es) {', '.join(map(str, missing))} of the model's {num_classes}")
@@ -84,10 +85,16 @@ def sample(data_dir: Path, root: Path, count: int, per_class_min: int, seed: int
         "count": count,
         "per_class_min": per_class_min,
         "input_size": [height, width, channels],
-        "classes": {str(c): {"available": len(good[c]), "selected": take[c]} for c in sorted(good)},
+        "classes": {_group_name(good[c], num_classes): {"available": len(good[c]), "selected": take[c]}
+                    for c in sorted(good)},
         "images": [{"path": _rel(i.path, root), "label": i.label, "sha256": file_sha256(i.path)} for i in chosen],
         "skipped": bad,
     }
+
+
+def _group_name(items: list[LabeledImage], num_classes: int | None) -> str:
+    """A class's label, or an unlabelled folder's group (its sub-folder name, "." for the folder itself)."""
+    return str(items[0].label) if num_classes else items[0].class_name
 
 
 def _rel(path: Path, root: Path) -> str:

@@ -214,6 +214,25 @@ def test_init_takes_the_class_count_from_the_data_folders(tmp_path):
     assert cfg.path(cfg.calibration.data_dir) == tmp_path / "calib"
 
 
+def test_init_gives_a_detector_the_outputs_gate(tmp_path):
+    """Two 4-D heads (as a detector exports them): no class count, the outputs gate on unlabelled folders."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(0, 0.3, (6, 3, 4, 4)).astype(np.float32), "w1"),
+               numpy_helper.from_array(rng.normal(0, 0.3, (6, 3, 2, 2)).astype(np.float32), "w2")]
+    nodes = [helper.make_node("Conv", ["image", "w1"], ["c1"], strides=[4, 4]), helper.make_node("Sigmoid", ["c1"], ["coarse"]),
+             helper.make_node("Conv", ["image", "w2"], ["c2"], strides=[2, 2]), helper.make_node("Sigmoid", ["c2"], ["fine"])]
+    g = helper.make_graph(nodes, "heads", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 16, 16])],
+                          [helper.make_tensor_value_info("coarse", TensorProto.FLOAT, [1, 6, 4, 4]),
+                           helper.make_tensor_value_info("fine", TensorProto.FLOAT, [1, 6, 8, 8])], weights)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(tmp_path / "det.onnx"))
+    out = tmp_path / "quantflow.toml"
+    assert main(["init", "--onnx", str(tmp_path / "det.onnx"), "-o", str(out)]) == 0
+    cfg = load_config(out)
+    assert cfg.evaluation.metric == "outputs" and cfg.model.num_classes is None and cfg.labelled_classes is None
+    assert cfg.evaluation.min_cosine == 0.99 and cfg.evaluation.threshold is None
+    assert "[[1, 6, 4, 4], [1, 6, 8, 8]] are gated by evaluation.metric" in out.read_text()
+
+
 def test_init_never_overwrites(tmp_path, capsys):
     out = tmp_path / "quantflow.toml"
     out.write_text("# mine\n")

@@ -61,8 +61,30 @@ def test_invalid_values_name_the_field(section, key, value, field):
 
 def test_missing_required_field():
     d = demo_dict()
+    del d["model"]["input_shape"]
+    with pytest.raises(ConfigError, match="model.input_shape: required but missing"):
+        config_from_dict(d)
+
+
+def test_each_metric_asks_for_its_own_settings():
+    d = demo_dict()
     del d["model"]["num_classes"]
-    with pytest.raises(ConfigError, match="model.num_classes: required but missing"):
+    with pytest.raises(ConfigError, match='model.num_classes is required with evaluation.metric = "top1"'):
+        config_from_dict(d)
+    d["evaluation"]["metric"] = "outputs"
+    cfg = config_from_dict(d)  # no classes: the image folders are unlabelled
+    assert cfg.labelled_classes is None and cfg.evaluation.min_cosine == 0.99
+    del d["evaluation"]["threshold"]
+    d["evaluation"]["metric"] = "top1"
+    d["model"]["num_classes"] = 10
+    with pytest.raises(ConfigError, match='evaluation.threshold is required with evaluation.metric = "top1"'):
+        config_from_dict(d)
+    d["evaluation"].update(metric="outputs", max_class_drop=0.02)
+    with pytest.raises(ConfigError, match="max_class_drop is a top-1 setting"):
+        config_from_dict(d)
+    del d["evaluation"]["max_class_drop"]
+    d.setdefault("quantization", {})["fallback"] = "auto"
+    with pytest.raises(ConfigError, match='with evaluation.metric = "outputs" set it to "off"'):
         config_from_dict(d)
 
 

@@ -1,7 +1,12 @@
 """A YOLO-style detector (tests/nets.py DetectorStyle: SiLU backbone, nearest upsampling, concatenation,
 two Sigmoid heads) through the graph stages, every output checked: the IR against MindSpore, the INT8
-emulation against FP32, the deploy ONNX graph and the deploy MindIR read back against the emulation."""
+emulation against FP32, the deploy ONNX graph and the deploy MindIR read back against the emulation; and a
+detector project built with ``quantflow build`` and gated on every output (``evaluation.metric = "outputs"``)."""
 from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
 
 import mindspore as ms
 import numpy as np
@@ -9,6 +14,7 @@ import pytest
 
 import deploy_interpreter
 import nets
+from conftest import REPO, run_quantflow
 from quantflow.backends.deploy_mindspore import export_deploy_mindir
 from quantflow.backends.deploy_onnx import check_deploy, deploy_model
 from quantflow.engine.float_runner import float_runner
@@ -17,6 +23,8 @@ from quantflow.frontends.mindir import read_mindir
 from quantflow.quantization.calibrater import calibrate
 from quantflow.quantization.deploy import quantized_graph
 from quantflow.quantization.passes import fold_for_quantization
+from quantflow.quantization.qparams import QuantParams
+from quantflow.quantization.sensitivity import Agreement, analyse
 
 SHAPE = (2, 3, 32, 32)
 HEADS = [(2, 27, 4, 4), (2, 27, 8, 8)]  # 3 anchors x (4 box + objectness + 4 classes), strides 8 and 4
@@ -74,3 +82,97 @@ def test_deploy_graphs_compute_every_head_as_the_emulation_does(detector, tmp_pa
     read_back = Emulator(back).outputs(x16)
     for a, b in zip(back.outputs, deploy.outputs):
         np.testing.assert_array_equal(read_back[a], emulated[b])
+
+
+
+def test_the_per_layer_analysis_weighs_every_head(detector):
+    """A layer that feeds only the fine head is ranked by what it does to the network's outputs, both heads
+    pooled (the coarse head alone would not see it)."""
+    _, _, folded, qp = detector
+    x = np.random.default_rng(3).normal(size=(4,) + SHAPE[1:]).astype(np.float32)
+    sens = analyse(folded, qp, [x[:2], x[2:]])
+    out_of = {n.name: n.outputs[0] for n in folded.nodes}
+    fp32 = float_runner(folded, [out_of[q.node] for q in qp.ops])
+    for q in qp.ops:
+        emu = Emulator(folded, QuantParams(qp.method, [q]))
+        pooled, coarse = Agreement(), Agreement()
+        for batch in (x[:2], x[2:]):
+            ref, got = fp32.run(batch), emu.outputs(batch.astype(np.float16))
+            for o in folded.outputs:
+                pooled.add(ref[o], got[o])
+            coarse.add(ref[folded.outputs[0]], got[folded.outputs[0]])
+        assert sens.row(q.node)["output"] == pooled.as_dict(), q.scope
+        if q.scope.startswith("Default/fine"):
+            assert pooled.sqnr_db < coarse.sqnr_db - 10  # its own head's error, not only float16's
+
+DETECTOR_CONFIG = """
+[model]
+mindir = "det.mindir"
+input_shape = [1, 3, 32, 32]
+input_name = "x"
+
+[normalization]
+mean = [0.471, 0.463, 0.467]
+std = [0.257, 0.260, 0.260]
+scale = "0-1"
+channel_order = "RGB"
+
+[calibration]
+data_dir = "calib"          # sub-folders sampled as groups: the images carry no labels
+count = 40
+per_class_min = 1
+method = "minmax"
+
+[evaluation]
+data_dir = "heldout"        # images directly in it, and in a sub-folder
+metric = "outputs"
+min_cosine = 0.99
+
+[aipp]
+template = "static_rgb888_u8.cfg"
+input_channel_order = "BGR"
+
+[build]
+output_dir = "build"
+soc_version = "Ascend310P3"
+"""
+
+
+def test_a_detector_project_is_gated_on_every_output(tmp_path):
+    """A folder holding a detector's MindIR, unlabelled images and a config builds with ``quantflow build``;
+    the gate compares every head, and a stricter limit fails naming the head."""
+    from quantflow.backends.export import export_mindir
+
+    project = tmp_path / "det"
+    project.mkdir()
+    export_mindir(nets.randomize(nets.DetectorStyle()), (1, 3, 32, 32), project / "det.mindir")
+    shutil.copytree(REPO / "calib_data", project / "calib")
+    (project / "heldout" / "night").mkdir(parents=True)
+    held = sorted((REPO / "eval_data").glob("*/*.png"))[::12]
+    for i, src in enumerate(held):
+        shutil.copy2(src, project / "heldout" / ("night" if i % 4 == 0 else "") / f"frame_{i:03d}.png")
+    (project / "quantflow.toml").write_text(DETECTOR_CONFIG)
+    proc = run_quantflow(project, "build")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "folder:selected/available" in proc.stdout
+    latest = json.loads((project / "build" / "latest.json").read_text())
+    assert latest["gate"]["passed"] and latest["gate"]["metric"] == "outputs"
+    gate_dir = Path(latest["artifacts"]["gate"])
+    report = json.loads((gate_dir / "accuracy_report.json").read_text())
+    assert report["images"] == len(held) and report["metric"] == "outputs"
+    assert [o["shape"] for o in report["outputs"]] == [[1, 27, 4, 4], [1, 27, 8, 8]]
+    for o in report["outputs"]:
+        assert 0.99 <= o["cosine"] < 1 and o["sqnr_db"] > 10 and o["worst_image"].startswith("heldout")
+        assert o["worst_image_cosine"] <= o["cosine"] + 1e-9
+    assert 'id="per-output"' in (gate_dir / "report.html").read_text()
+    assert "least output cosine" in run_quantflow(project, "report").stdout
+
+    least = report["least_cosine"]
+    worst = next(o["output"] for o in report["outputs"] if o["cosine"] == least)
+    strict = DETECTOR_CONFIG.replace("min_cosine = 0.99", f"min_cosine = {min(1.0, least + 1e-6):.7f}")
+    (project / "strict.toml").write_text(strict)
+    failed = run_quantflow(project, "build", "strict.toml")
+    assert failed.returncode != 0
+    out = failed.stdout + failed.stderr
+    assert "AccuracyGateError" in out and f"INT8 output(s) {worst} (cosine" in out
+    assert "fall below evaluation.min_cosine" in out

@@ -7,7 +7,8 @@ import pytest
 
 from quantflow.backends.aipp import parse
 from quantflow.frontends.mindir import read_mindir
-from quantflow.pipeline.gate import compare, evaluate, format_table
+from quantflow.pipeline.gate import compare, compare_outputs, evaluate, format_table
+from quantflow.pipeline.metrics import metric
 from quantflow.quantization.passes import fold_for_quantization
 from quantflow.quantization.qparams import QuantParams
 
@@ -23,6 +24,29 @@ def test_compare_arithmetic():
     assert compare(fp, q, labels, threshold=0.25)["passed"] is True
     text = format_table(r)
     assert "accuracy gate: FAIL" in text and "drop -25.00 points" not in text and "+25.00 points" in text
+
+
+def test_compare_outputs_arithmetic():
+    """Per-image sums (as output_stats keeps them) pooled per output: the cosine and SQNR of the whole output,
+    its worst image, and a verdict per output against min_cosine."""
+    rng = np.random.default_rng(0)
+    f = rng.normal(size=(3, 2, 40))                      # images x outputs x values
+    q = f.copy()
+    q[1, 1] += 0.3 * rng.normal(size=40)                 # image 1 spoils output "o1"
+    stats = np.stack([np.sum(f * q, 2), np.sum(f * f, 2), np.sum(q * q, 2), np.sum((f - q) ** 2, 2),
+                      np.abs(f - q).max(2)], 2)
+    r = compare_outputs(stats, ["o0", "o1"], [(1, 40), (1, 40)], ["img0", "img1", "img2"], min_cosine=0.999)
+    o0, o1 = r["outputs"]
+    assert o0["cosine"] == 1.0 and o0["sqnr_db"] == float("inf") and o0["passed"] and o0["max_abs_diff"] == 0
+    a, b = f[:, 1].ravel(), q[:, 1].ravel()
+    assert o1["cosine"] == pytest.approx(a @ b / np.sqrt((a @ a) * (b @ b)), abs=1e-12) and o1["cosine"] < 0.999
+    assert o1["sqnr_db"] == pytest.approx(10 * np.log10((a @ a) / ((a - b) @ (a - b))), abs=1e-9)
+    assert o1["worst_image"] == "img1" and o1["worst_image_cosine"] < o1["cosine"]
+    assert r["failures"] == ["o1"] and not r["passed"] and r["least_cosine"] == o1["cosine"]
+    r.update(metric="outputs")
+    assert "accuracy gate: FAIL" in format_table(r) and "img1" in format_table(r)
+    assert metric(r).failure(r).startswith("INT8 output(s) o1 (cosine")
+    assert compare_outputs(stats, ["o0", "o1"], [(1, 40)] * 2, ["a", "b", "c"], min_cosine=o1["cosine"])["passed"]
 
 
 def test_demo_passes_and_a_tampered_quantization_fails(built_demo, demo_cfg):

@@ -96,6 +96,26 @@ def test_empty_or_missing_folder(tmp_path):
         sample(tmp_path / "flat", tmp_path, 1, 0, 0, 2, 3, 8, 8)
 
 
+def test_an_unlabelled_folder_is_sampled_by_its_groups(tmp_path):
+    """num_classes None (evaluation.metric = "outputs"): images directly in the folder form one group, each
+    sub-folder another (any names); hidden entries are ignored; the sample is seeded and stratified as by class."""
+    data = make_folder(tmp_path / "frames", {"day": 12, "night": 4})
+    rng = np.random.default_rng(1)
+    for i in range(8):
+        cv2.imwrite(str(data / f"f_{i}.png"), rng.integers(0, 256, (8, 8, 3), dtype=np.uint8))
+    (data / ".cache").mkdir()
+    cv2.imwrite(str(data / ".cache" / "x.png"), np.zeros((8, 8, 3), np.uint8))
+    m = sample(data, tmp_path, 12, 2, 3, None, 3, 8, 8)
+    take = allocate({0: 8, 1: 12, 2: 4}, 12, 2)  # the groups in order: the folder itself, then sorted sub-folders
+    assert m["classes"] == {".": {"available": 8, "selected": take[0]}, "day": {"available": 12, "selected": take[1]},
+                            "night": {"available": 4, "selected": take[2]}}
+    assert min(take.values()) >= 2 and sum(take.values()) == 12
+    assert not any(".cache" in i["path"] for i in m["images"]) and len(m["images"]) == 12
+    assert m == sample(data, tmp_path, 12, 2, 3, None, 3, 8, 8)
+    with pytest.raises(DataError, match="no image files in it or its sub-folders"):
+        sample(make_folder(tmp_path / "empty", {"sub": 0}), tmp_path, 1, 0, 0, None, 3, 8, 8)
+
+
 def test_manifest_detects_changed_images(tmp_path):
     data = make_folder(tmp_path / "d", {0: 3, 1: 3})
     m = sample(data, tmp_path, count=4, per_class_min=2, seed=3, num_classes=2, channels=3, height=8, width=8)

@@ -14,7 +14,7 @@ from quantflow.config import EngineSection
 from quantflow.engine import shard
 from quantflow.errors import ConfigError
 from quantflow.frontends.mindir import read_mindir
-from quantflow.pipeline.gate import fp32_logits, int8_logits
+from quantflow.pipeline.gate import fp32_logits, int8_logits, output_stats
 from quantflow.quantization.calibrater import calibrate
 from quantflow.quantization.passes import fold_for_quantization
 from quantflow.quantization.qparams import QuantParams
@@ -89,6 +89,16 @@ def test_sharded_gate_logits_equal_the_single_process_ones(demo, engine):
     q_s = int8_logits(_with(cfg, engine), fold_for_quantization(graph), qp, aipp)
     assert len(fp) == len(labels) == 359 and len(shard.split(359, 2, 32)) == 2
     assert np.array_equal(fp_s, fp) and np.array_equal(labels_s, labels) and np.array_equal(q_s, q)
+
+
+def test_sharded_output_statistics_equal_the_single_process_ones(demo, engine):
+    """evaluation.metric = "outputs": the per-image sums over every output, however the images are cut."""
+    cfg, graph, qp, aipp, *_ = demo
+    outputs = cfg.model_copy(update={"evaluation": cfg.evaluation.model_copy(update={"metric": "outputs"})})
+    folded = fold_for_quantization(graph)
+    one = output_stats(outputs, graph, folded, qp, aipp)
+    assert one.shape == (359, 1, 5) and np.all(one[:, 0, 1] > 0)
+    assert np.array_equal(output_stats(_with(outputs, engine), graph, folded, qp, aipp), one)
 
 
 @pytest.fixture(scope="module")

@@ -2,10 +2,11 @@
 
 - the network: ``model.entry`` imports and builds, ``model.checkpoint`` loads into it (a shape mismatch names
   each parameter with both shapes; skipped when ``[train]`` will write the checkpoint), one forward pass at
-  ``model.input_shape`` works, and the first output (the one the top-1 gate ranks) is (batch,
-  ``model.num_classes``), a detector's heads refused with their shapes; or ``model.mindir`` /
-  ``model.onnx`` reads into the IR with that input shape and such an output;
-- the data: the calibration and evaluation folders hold class folders of readable images of the model's size;
+  ``model.input_shape`` works, and for the top-1 gate the first output is (batch, ``model.num_classes``), a
+  detector's heads refused with their shapes (``evaluation.metric = "outputs"`` gates them); or
+  ``model.mindir`` / ``model.onnx`` reads into the IR with that input shape;
+- the data: the calibration and evaluation folders hold class folders (or, for the outputs gate, any
+  folders) of readable images of the model's size;
 - the preprocessing: the declared normalization is plausible and the AIPP config reproduces it on a few
   calibration images (the full check runs again in the aipp stage).
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError, DataError
-from ..images import check_image, scan_class_folders
+from ..images import check_image, scan_images
 
 
 def _network_outputs(cfg, load_weights: bool) -> list[tuple[int, ...]]:
@@ -48,22 +49,22 @@ def _model_file_outputs(cfg) -> list[tuple[int, ...]]:
     return [tuple(graph.shape(o)) for o in graph.outputs]
 
 
-def _classifier_output(cfg, outputs: list[tuple[int, ...]]) -> tuple[int, ...]:
-    """The network's first output, which the accuracy gate ranks by top-1: it must be (batch, num_classes)."""
+def _check_classifier_output(cfg, outputs: list[tuple[int, ...]]) -> None:
+    """The network's first output, which the top-1 gate ranks, must be (batch, num_classes)."""
     out = outputs[0]
     if len(out) != 2:
         raise ConfigError(f"the network's output{'s have shapes' if len(outputs) > 1 else ' has shape'} "
                           f"{', '.join(str(list(o)) for o in outputs)}: the accuracy gate ranks top-1 classes on "
-                          f"the first output and needs it (batch, model.num_classes); a detection or "
-                          f"dense-prediction head cannot be gated yet")
+                          f"the first output and needs it (batch, model.num_classes); for a detection or "
+                          f"dense-prediction network set evaluation.metric = \"outputs\" (INT8 against FP32 on "
+                          f"every output)")
     if out[-1] != cfg.model.num_classes:
         raise ConfigError(f"model.num_classes = {cfg.model.num_classes}, but the network's output has shape "
                           f"{list(out)} ({out[-1]} classes)")
-    return out
 
 
-def _first_images(data_dir: Path, num_classes: int, per_class: int) -> list:
-    items = scan_class_folders(data_dir, num_classes)
+def _first_images(data_dir: Path, classes: int | None, per_class: int) -> list:
+    items = scan_images(data_dir, classes)
     seen: dict[int, int] = {}
     picked = []
     for it in items:
@@ -79,21 +80,23 @@ def preflight(cfg) -> dict:
 
     _, c, h, w = cfg.model.input_shape
     if cfg.model.mindir or cfg.model.onnx:
-        out = _classifier_output(cfg, _model_file_outputs(cfg))
+        outputs = _model_file_outputs(cfg)
     else:
-        out = _classifier_output(cfg, _network_outputs(cfg, load_weights=cfg.train is None))
+        outputs = _network_outputs(cfg, load_weights=cfg.train is None)
+    if cfg.evaluation.metric == "top1":
+        _check_classifier_output(cfg, outputs)
     checked = {}
     for field, folder in (("calibration.data_dir", cfg.calibration.data_dir),
                           ("evaluation.data_dir", cfg.evaluation.data_dir)):
-        images = _first_images(cfg.path(folder), cfg.model.num_classes, 1)
+        images = _first_images(cfg.path(folder), cfg.labelled_classes, 1)
         for it in images:
             _, reason = check_image(it.path, c, h, w)
             if reason is not None and not (field.startswith("calibration") and cfg.calibration.on_bad_image == "skip"):
                 raise DataError(f"{field}: {reason}")
         checked[field] = len(images)
-    sample = [it.path for it in _first_images(cfg.path(cfg.calibration.data_dir), cfg.model.num_classes, 1)
+    sample = [it.path for it in _first_images(cfg.path(cfg.calibration.data_dir), cfg.labelled_classes, 1)
               if check_image(it.path, c, h, w)[1] is None][:4]
     with tempfile.TemporaryDirectory() as tmp:
         aipp = build_and_verify(cfg, sample, Path(tmp) / "aipp.cfg")
-    return {"network_output": list(out), "images_checked": checked, "aipp_images": aipp["images"],
+    return {"network_output": list(outputs[0]), "network_outputs": [list(o) for o in outputs], "images_checked": checked, "aipp_images": aipp["images"],
             "aipp_max_abs_diff": aipp["max_abs_diff"]}

@@ -300,6 +300,7 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
     from ..quantization.qparams import QuantParams
     from ..report import html
     from .gate import eval_items, evaluate, format_table, write_report
+    from .metrics import metric
 
     kdir, aipp_cfg = Path(kdir), Path(aipp_dir) / "aipp.cfg"
     graph = load_graph(cfg, graph_dir)
@@ -314,16 +315,9 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
                sensitivity, load_histograms(calibrate_dir, QuantParams.load(calibrate_dir)), fallback)
     print(format_table(report))
     print(f"build report: {kdir / 'report.html'}")
-    where = f"report: {kdir / 'report.html'}"
-    if report["class_failures"]:
-        raise AccuracyGateError(
-            f"class(es) {', '.join(report['class_failures'])} lose more top-1 than evaluation.max_class_drop "
-            f"{report['max_class_drop'] * 100:.2f} points{_advice(sensitivity, qp, cfg)} ({where})")
-    if not report["passed"]:
-        raise AccuracyGateError(
-            f"INT8 top-1 {report['int8_top1']:.4f} vs FP32 {report['fp32_top1']:.4f}: drop "
-            f"{report['drop'] * 100:.2f} points exceeds evaluation.threshold {report['threshold'] * 100:.2f}"
-            f"{_advice(sensitivity, qp, cfg)} ({where})")
+    failure = metric(report).failure(report)
+    if failure:
+        raise AccuracyGateError(f"{failure}{_advice(sensitivity, qp, cfg)} (report: {kdir / 'report.html'})")
     return report
 
 
@@ -335,7 +329,8 @@ def _advice(sensitivity: dict, qp, cfg) -> str:
     layers = "; ".join(f"{int8[n]} (output SQNR {rows[n]['output']['sqnr_db']:.1f} dB alone in INT8)" for n in worst)
     tries = []
     if cfg.quantization.fallback == "off":
-        tries.append('quantization.fallback = "auto" (rolls the most sensitive layers back to float16)')
+        if cfg.evaluation.metric == "top1":  # the automatic fallback ranks its steps by top-1
+            tries.append('quantization.fallback = "auto" (rolls the most sensitive layers back to float16)')
     else:
         tries.append(f"a larger quantization.max_fallback (now {cfg.quantization.max_fallback})")
     if cfg.calibration.method != "mse":

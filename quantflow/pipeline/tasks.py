@@ -31,6 +31,7 @@ from doit.tools import config_changed
 
 from quantflow.images import file_sha256
 from quantflow.pipeline import atomic, cache, lock
+from quantflow.pipeline.metrics import metric
 from quantflow.config import DEFAULT_CONFIG_NAME, load_config
 from quantflow.errors import QuantflowError
 
@@ -175,7 +176,8 @@ def do_preflight():
     from quantflow.pipeline.preflight import preflight
 
     r = preflight(cfg())
-    print(f"preflight: network output {r['network_output']}, images readable "
+    outs = r["network_outputs"]
+    print(f"preflight: network output{'s' if len(outs) > 1 else ''} {', '.join(map(str, outs))}, images readable "
           f"({', '.join(f'{k}: {v} checked' for k, v in r['images_checked'].items())}), AIPP reproduces the "
           f"training preprocessing on {r['aipp_images']} images (largest |diff| {r['aipp_max_abs_diff']:.2e})")
 
@@ -224,11 +226,12 @@ def do_sample():
     c = cfg()
     _, ch, h, w = c.model.input_shape
     k = c.calibration
-    m = sample(c.path(k.data_dir), c.root, k.count, k.per_class_min, k.seed, c.model.num_classes, ch, h, w,
+    m = sample(c.path(k.data_dir), c.root, k.count, k.per_class_min, k.seed, c.labelled_classes, ch, h, w,
                k.on_bad_image)
     write_manifest(m, manifest_path())
     per_class = ", ".join(f"{cl}:{v['selected']}/{v['available']}" for cl, v in m["classes"].items())
-    print(f"sampled {len(m['images'])} calibration images (class:selected/available {per_class}) -> {manifest_path()}")
+    kind = "class" if c.labelled_classes else "folder"
+    print(f"sampled {len(m['images'])} calibration images ({kind}:selected/available {per_class}) -> {manifest_path()}")
     for s in m["skipped"]:
         print(f"WARNING skipped unusable calibration image: {s['reason']}", file=sys.stderr)
 
@@ -358,7 +361,8 @@ def _summary() -> dict:
             "model_file": path("export", export["model_file"]),
             "aipp_config": path("aipp", "aipp.cfg"), "om": path("atc", atc.get("om")),
             "atc": atc["status"] if atc["status"] != "skipped" else f"skipped: {atc['reason']}",
-            "gate": {k: gate[k] for k in ("passed", "fp32_top1", "int8_top1", "drop", "threshold")},
+            "gate": {"passed": gate["passed"], "metric": metric(gate).name, "verdict": metric(gate).verdict(gate),
+                     **{k: gate[k] for k in metric(gate).summary_keys}},
             "accuracy_report": path("gate", "accuracy_report.txt"), "report": path("gate", "report.html"),
             "sensitivity": path("calibrate", "sensitivity.json"),
             "float16_fallback": [f["scope"] for f in
@@ -374,7 +378,7 @@ def do_summary():
         print(f"  {k:<16} {s[k] or '-'}")
     print(f"  {'atc':<16} {s['atc']}")
     g = s["gate"]
-    print(f"  {'gate':<16} {'PASS' if g['passed'] else 'FAIL'}: FP32 {g['fp32_top1']:.4f}, INT8 {g['int8_top1']:.4f}")
+    print(f"  {'gate':<16} {'PASS' if g['passed'] else 'FAIL'}: {g['verdict']}")
     if s["float16_fallback"]:
         print(f"  {'float16 layers':<16} {', '.join(s['float16_fallback'])}")
     print(f"build report: {s['report']}")
@@ -438,7 +442,7 @@ def task_sample():
         "file_dep": files,
         "task_dep": ["train"],
         "uptodate": [config_changed({"calibration": c.calibration.model_dump(mode="json"),
-                                     "shape": list(c.model.input_shape), "classes": c.model.num_classes})],
+                                     "shape": list(c.model.input_shape), "classes": c.labelled_classes})],
         "verbosity": 2,
     }
 

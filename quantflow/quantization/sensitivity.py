@@ -5,6 +5,7 @@ For every quantized op, against the FP32 graph on the same images:
 - ``alone``: its output with that op alone in INT8 (every other op in the float16 emulation);
 - ``output``: the network's output with that op alone in INT8 (the ranking key, as in AMCT's
   accuracy-based auto calibration, which ranks layers by the similarity of their quantized result);
+  for a network with several outputs (a detector's heads), all of them pooled;
 - ``cumulative``: its output with every op in INT8 (the error accumulated along the graph).
 
 Each as SQNR (dB, 10 log10 of signal over error energy) and cosine similarity.  An op whose
@@ -123,12 +124,12 @@ def _references(graph: Graph, qparams: QuantParams, inputs: list[np.ndarray]) ->
     """The float32 outputs of every quantized op (after its ReLU, where the INT8 op has one) and of the
     network, per batch."""
     out_of = {n.name: n.outputs[0] for n in graph.nodes}
-    final = graph.outputs[0]
+    finals = list(graph.outputs)
     op_outputs = [out_of[q.node] for q in qparams.ops]
     fp32 = float_runner(graph, op_outputs)
     relu_outputs = {out_of[q.node] for q in qparams.ops if q.relu}
-    names = list(dict.fromkeys(op_outputs + [final]))
-    return [{k: np.maximum(v, 0) if k in relu_outputs and k != final else v for k, v in fp32.run(x, names).items()}
+    names = list(dict.fromkeys(op_outputs + finals))
+    return [{k: np.maximum(v, 0) if k in relu_outputs and k not in finals else v for k, v in fp32.run(x, names).items()}
             for x in inputs]
 
 
@@ -152,7 +153,7 @@ def _op_rows(shared, nodes: list[str]) -> list[tuple[dict, np.ndarray | None]]:
     """(row, output mean shift) of each op in ``nodes`` alone in INT8 (a shard of the sweep)."""
     graph, qparams, refs, prefixes, bias_shift = shared
     out_of = {n.name: n.outputs[0] for n in graph.nodes}
-    final = graph.outputs[0]
+    finals = list(graph.outputs)
     by_node = {q.node: q for q in qparams.ops}
     done = []
     with progress(len(nodes), "sensitivity: per-layer runs") as bar:
@@ -161,9 +162,10 @@ def _op_rows(shared, nodes: list[str]) -> list[tuple[dict, np.ndarray | None]]:
             emu = Emulator(run, extra_outputs=[t])
             alone, output, shift = Agreement(), Agreement(), _ChannelShift(q.relu)
             for prefix, ref in zip(prefixes, refs):
-                got = emu.outputs({i: prefix[i] for i in run.inputs}, list(dict.fromkeys([t, final])))
+                got = emu.outputs({i: prefix[i] for i in run.inputs}, list(dict.fromkeys([t] + finals)))
                 alone.add(ref[t], got[t])
-                output.add(ref[final], got[final])
+                for f in finals:
+                    output.add(ref[f], got[f])
                 if bias_shift:
                     shift.add(ref[t], got[t])
             del emu

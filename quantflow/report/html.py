@@ -1,6 +1,7 @@
 """The build report as one self-contained HTML file (plots embedded as base64 PNG).
 
-Sections (each an element with the id given): ``verdict``, ``per-class``, ``sensitivity``,
+Sections (each an element with the id given): ``verdict``, ``per-class`` (top-1; ``per-output`` for the outputs
+metric, ``quantflow.pipeline.metrics``), ``sensitivity``,
 ``histograms`` (the worst layers' calibration histograms with the chosen clip), ``fallback``.
 """
 from __future__ import annotations
@@ -9,6 +10,7 @@ import base64
 import html
 from pathlib import Path
 
+from ..pipeline.metrics import metric
 from . import plots
 
 WORST_LAYERS = 5
@@ -32,21 +34,15 @@ def render(title: str, gate: dict, sensitivity: dict, histograms: dict, fallback
     """``gate``: the accuracy report; ``sensitivity``: ``Sensitivity.as_dict()``; ``histograms``:
     node -> {"scope", "hist", "lo", "hi", "clip"} (may be empty: minmax collects none);
     ``fallback``: {"mode", "steps"} or None."""
+    m = metric(gate)
     verdict = "PASS" if gate["passed"] else "FAIL"
     parts = [f"<h1>{html.escape(title)}</h1>",
              f'<section id="verdict"><h2>Verdict: <span class="{verdict.lower()}">{verdict}</span></h2>',
-             _table(["", "value"], [
-                 ["held-out images", gate["images"]], ["FP32 top-1", _pct(gate["fp32_top1"])],
-                 ["INT8 top-1", _pct(gate["int8_top1"])], ["drop (points)", f"{gate['drop'] * 100:+.2f}"],
-                 ["allowed drop (points)", f"{gate['threshold'] * 100:.2f}"],
-                 ["top-1 agreement", _pct(gate["top1_agreement"])],
+             _table(["", "value"], [["held-out images", gate["images"]]] + m.summary_rows(gate) + [
                  ["INT8 ops", gate.get("quantized_ops", "?")], ["range method", gate.get("calibration_method", "?")]]),
              "</section>"]
-    parts += ['<section id="per-class"><h2>Per class</h2>',
-              _table(["class", "images", "FP32", "INT8", "drop (points)"],
-                     [[c, v["images"], _pct(v["fp32_top1"]), _pct(v["int8_top1"]),
-                       f"{(v['fp32_top1'] - v['int8_top1']) * 100:+.2f}"] for c, v in gate["per_class"].items()]),
-              "</section>"]
+    section, heading, head, rows = m.details(gate)
+    parts += [f'<section id="{section}"><h2>{heading}</h2>', _table(head, rows), "</section>"]
     rows = {r["node"]: r for r in sensitivity["ops"]}
     ranked = [rows[n] for n in sensitivity["ranking"]]
     parts += [f'<section id="sensitivity"><h2>Per-layer sensitivity ({sensitivity["images"]} calibration images)</h2>',
