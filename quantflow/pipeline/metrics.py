@@ -50,8 +50,8 @@ class Top1:
         return lines
 
     def verdict(self, r: dict) -> str:
-        return (f"FP32 top-1 {r['fp32_top1']:.4f}, INT8 top-1 {r['int8_top1']:.4f}, drop {r['drop']:.4f} "
-                f"(threshold {r['threshold']:g})")
+        return (f"FP32 top-1 {r['fp32_top1']:.4f}, INT8 top-1 {r['int8_top1']:.4f}, drop {r['drop']:.4f}, "
+                f"threshold {r['threshold']:g}")
 
     def failure(self, r: dict) -> str | None:
         if r.get("class_failures"):
@@ -98,7 +98,7 @@ class Outputs:
         return lines
 
     def verdict(self, r: dict) -> str:
-        return f"least output cosine {r['least_cosine']:.5f} (evaluation.min_cosine {r['min_cosine']:g})"
+        return f"least output cosine {r['least_cosine']:.5f}, evaluation.min_cosine {r['min_cosine']:g}"
 
     def failure(self, r: dict) -> str | None:
         if r["passed"]:
