@@ -264,9 +264,6 @@ class QuantflowConfig(_Section):
             raise ValueError("aipp.input_channel_order must be GRAY exactly when the model has one input channel")
         if self.evaluation.metric == "top1" and self.model.num_classes is None:
             raise ValueError('model.num_classes is required with evaluation.metric = "top1" (the default)')
-        if self.evaluation.metric == "outputs" and self.quantization.fallback == "auto":
-            raise ValueError('quantization.fallback = "auto" rolls layers back by their top-1 drop; with '
-                             'evaluation.metric = "outputs" set it to "off" and use quantization.skip')
         if self.evaluation.metric == "top1" and self.calibration.per_class_min * self.model.num_classes > self.calibration.count:
             raise ValueError(
                 f"calibration.count={self.calibration.count} cannot hold per_class_min="

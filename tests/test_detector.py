@@ -140,7 +140,8 @@ soc_version = "Ascend310P3"
 
 def test_a_detector_project_is_gated_on_every_output(tmp_path):
     """A folder holding a detector's MindIR, unlabelled images and a config builds with ``quantflow build``;
-    the gate compares every head, and a stricter limit fails naming the head."""
+    the gate compares every head, a stricter limit fails naming the head, and the automatic fallback meets
+    it by rolling layers back to float16."""
     from quantflow.backends.export import export_mindir
 
     project = tmp_path / "det"
@@ -176,3 +177,19 @@ def test_a_detector_project_is_gated_on_every_output(tmp_path):
     out = failed.stdout + failed.stderr
     assert "AccuracyGateError" in out and f"INT8 output(s) {worst} (cosine" in out
     assert "fall below evaluation.min_cosine" in out
+
+    # the automatic fallback rolls the most sensitive layers back to float16 until every output passes
+    limit = least + (1 - least) / 2
+    (project / "fallback.toml").write_text(
+        DETECTOR_CONFIG.replace("min_cosine = 0.99", f"min_cosine = {limit:.9f}")
+        + '[quantization]\nfallback = "auto"\nmax_fallback = 7\n')
+    rolled = run_quantflow(project, "build", "fallback.toml")
+    assert rolled.returncode == 0, rolled.stdout[-3000:] + rolled.stderr[-3000:]
+    latest = json.loads((project / "build" / "latest.json").read_text())
+    steps = json.loads((Path(latest["artifacts"]["fallback"]) / "fallback.json").read_text())["steps"]
+    ranking = json.loads((Path(latest["artifacts"]["calibrate"]) / "sensitivity.json").read_text())["ranking"]
+    assert not steps[0]["passed"] and steps[0]["least_cosine"] == pytest.approx(least, abs=1e-12)
+    assert steps[-1]["passed"] and steps[-1]["least_cosine"] >= limit and len(steps) >= 2
+    assert [f["node"] for f in steps[-1]["float_ops"]] == ranking[:len(steps) - 1]
+    assert latest["gate"]["passed"] and latest["float16_fallback"] == [f["scope"] for f in steps[-1]["float_ops"]]
+    assert "<th>least output cosine</th>" in (Path(latest["artifacts"]["gate"]) / "report.html").read_text()

@@ -10,9 +10,9 @@
   atlasaccuracy_16_0064), with SQNR and the worst image; passes when every output's cosine is at least
   ``evaluation.min_cosine``.
 
-Each metric gives its report, its text table, a one-line verdict, the reason it failed and the HTML
-report's rows, so that the stages, the build summary, ``quantflow report`` and the HTML report ask the
-metric instead of reading one metric's fields.
+Each metric gives its report, its text table, a one-line verdict, the reason it failed, the HTML report's
+rows and, for the automatic fallback, its check and how each step reads, so that the stages, the build
+summary, ``quantflow report`` and the HTML report ask the metric instead of reading one metric's fields.
 """
 from __future__ import annotations
 
@@ -21,9 +21,14 @@ def _pct(x: float) -> str:
     return f"{x * 100:.2f}%"
 
 
+def _in_float(step: dict) -> str:
+    return ", ".join(f["scope"] for f in step["float_ops"]) or "(none)"
+
+
 class Top1:
     name = "top1"
-    summary_keys = ("fp32_top1", "int8_top1", "drop", "threshold")
+    summary_keys = ("fp32_top1", "int8_top1", "drop", "threshold")  # the build summary's (latest.json)
+    step_keys = ("int8_top1", "drop")                                 # each fallback step's
 
     def evaluate(self, cfg, graph, folded, qparams, aipp_params: dict) -> dict:
         from .gate import compare, fp32_logits, int8_logits
@@ -31,6 +36,28 @@ class Top1:
         fp, labels = fp32_logits(cfg, graph)
         q = int8_logits(cfg, folded, qparams, aipp_params)
         return compare(fp, q, labels, cfg.evaluation.threshold, cfg.evaluation.max_class_drop)
+
+    def checker(self, cfg, graph, folded, aipp_params: dict):
+        """``check(qparams) -> report`` for the automatic fallback: the FP32 logits computed once."""
+        from .gate import compare, fp32_logits, int8_logits
+
+        fp, labels = fp32_logits(cfg, graph)
+        e = cfg.evaluation
+        return lambda qparams: compare(fp, int8_logits(cfg, folded, qparams, aipp_params), labels, e.threshold,
+                                       e.max_class_drop)
+
+    def step_line(self, st: dict) -> str:
+        return f"INT8 top-1 {st['int8_top1']:.4f} (drop {st['drop'] * 100:.2f} points)"
+
+    def fallback_chart(self, steps: list[dict], gate: dict) -> bytes:
+        from ..report import plots
+        return plots.fallback_steps([s["int8_ops"] for s in steps], [s["int8_top1"] for s in steps],
+                                    gate["fp32_top1"], gate["threshold"])
+
+    def fallback_table(self, steps: list[dict]) -> tuple[list[str], list[list]]:
+        return (["step", "layers in float16", "INT8 ops", "INT8 top-1", "drop (points)", "passed"],
+                [[i, _in_float(s), s["int8_ops"], _pct(s["int8_top1"]), f"{s['drop'] * 100:+.2f}", s["passed"]]
+                 for i, s in enumerate(steps)])
 
     def table(self, r: dict) -> list[str]:
         lines = [
@@ -77,6 +104,7 @@ class Top1:
 class Outputs:
     name = "outputs"
     summary_keys = ("least_cosine", "min_cosine")
+    step_keys = ("least_cosine",)
 
     def evaluate(self, cfg, graph, folded, qparams, aipp_params: dict) -> dict:
         from .gate import compare_outputs, eval_items, output_stats
@@ -87,6 +115,23 @@ class Outputs:
         return compare_outputs(stats, names, [graph.shape(o) for o in names],
                                [p.relative_to(cfg.root) if p.is_relative_to(cfg.root) else p for p in paths],
                                cfg.evaluation.min_cosine)
+
+    def checker(self, cfg, graph, folded, aipp_params: dict):
+        """``check(qparams) -> report`` for the automatic fallback (FP32 runs beside INT8 at each check: only
+        per-image sums are kept, never the outputs)."""
+        return lambda qparams: self.evaluate(cfg, graph, folded, qparams, aipp_params)
+
+    def step_line(self, st: dict) -> str:
+        return f"least output cosine {st['least_cosine']:.5f}"
+
+    def fallback_chart(self, steps: list[dict], gate: dict) -> bytes:
+        from ..report import plots
+        return plots.step_chart([s["int8_ops"] for s in steps], [s["least_cosine"] for s in steps],
+                                gate["min_cosine"], "cosine", "least output cosine")
+
+    def fallback_table(self, steps: list[dict]) -> tuple[list[str], list[list]]:
+        return (["step", "layers in float16", "INT8 ops", "least output cosine", "passed"],
+                [[i, _in_float(s), s["int8_ops"], f"{s['least_cosine']:.5f}", s["passed"]] for i, s in enumerate(steps)])
 
     def table(self, r: dict) -> list[str]:
         lines = [f"  INT8 against FP32 on every output; each needs cosine >= {r['min_cosine']:g}",

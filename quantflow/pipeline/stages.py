@@ -175,27 +175,22 @@ def fallback_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, aipp_d
     else:
         from ..backends.aipp import parse
         from ..quantization.passes import fold_for_quantization
-        from .gate import compare, eval_items, fp32_logits, int8_logits
+        from .gate import eval_items
+        from .metrics import metric
 
         print(f"fallback: accuracy checks on {len(eval_items(cfg)[0])} held-out images {shard.where(cfg.engine)}")
         graph = load_graph(cfg, graph_dir)
-        folded = fold_for_quantization(graph)
         aipp_cfg = Path(aipp_dir) / "aipp.cfg"
-        aipp_params = parse(aipp_cfg.read_text(), str(aipp_cfg))
-        fp, labels = fp32_logits(cfg, graph)
-        e = cfg.evaluation
-
-        def check(candidate):
-            return compare(fp, int8_logits(cfg, folded, candidate, aipp_params), labels, e.threshold, e.max_class_drop)
-
+        m = metric(cfg.evaluation.metric)
+        check = m.checker(cfg, graph, fold_for_quantization(graph), parse(aipp_cfg.read_text(), str(aipp_cfg)))
         ranking = json.loads((Path(calibrate_dir) / "sensitivity.json").read_text())["ranking"]
-        qp, steps = roll_back(qp, ranking, check, q.max_fallback)
-        result = {"mode": "auto", "max_fallback": q.max_fallback, "steps": steps,
+        qp, steps = roll_back(qp, ranking, check, q.max_fallback, m.step_keys)
+        result = {"mode": "auto", "metric": m.name, "max_fallback": q.max_fallback, "steps": steps,
                   "float_ops": steps[-1]["float_ops"], "passed": steps[-1]["passed"]}
         for i, st in enumerate(steps):
             names = ", ".join(f["scope"] for f in st["float_ops"]) or "none"
-            print(f"fallback step {i}: {st['int8_ops']} INT8 ops, INT8 top-1 {st['int8_top1']:.4f} (drop "
-                  f"{st['drop'] * 100:.2f} points) {'PASS' if st['passed'] else 'fail'}; in float16: {names}")
+            print(f"fallback step {i}: {st['int8_ops']} INT8 ops, {m.step_line(st)} "
+                  f"{'PASS' if st['passed'] else 'fail'}; in float16: {names}")
     qp.save(kdir)
     write_json(kdir / "fallback.json", result)
     return result
@@ -329,8 +324,7 @@ def _advice(sensitivity: dict, qp, cfg) -> str:
     layers = "; ".join(f"{int8[n]} (output SQNR {rows[n]['output']['sqnr_db']:.1f} dB alone in INT8)" for n in worst)
     tries = []
     if cfg.quantization.fallback == "off":
-        if cfg.evaluation.metric == "top1":  # the automatic fallback ranks its steps by top-1
-            tries.append('quantization.fallback = "auto" (rolls the most sensitive layers back to float16)')
+        tries.append('quantization.fallback = "auto" (rolls the most sensitive layers back to float16)')
     else:
         tries.append(f"a larger quantization.max_fallback (now {cfg.quantization.max_fallback})")
     if cfg.calibration.method != "mse":

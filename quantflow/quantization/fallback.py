@@ -20,9 +20,9 @@ def without(qparams: QuantParams, nodes) -> QuantParams:
 
 
 def roll_back(qparams: QuantParams, ranking: list[str], check: Callable[[QuantParams], dict],
-              max_ops: int) -> tuple[QuantParams, list[dict]]:
-    """(the selected parameters, the steps).  ``check(qparams)`` returns at least ``passed``,
-    ``int8_top1`` and ``drop``; each step records those with the ops in float at that point."""
+              max_ops: int, fields: tuple[str, ...] = ("int8_top1", "drop")) -> tuple[QuantParams, list[dict]]:
+    """(the selected parameters, the steps).  ``check(qparams)`` returns at least ``passed`` and ``fields``
+    (the gate metric's step keys); each step records those with the ops in float at that point."""
     in_float: list[str] = []
     scopes = {q.node: q.scope for q in qparams.ops}
     steps = []
@@ -31,8 +31,7 @@ def roll_back(qparams: QuantParams, ranking: list[str], check: Callable[[QuantPa
         current = without(qparams, in_float)
         result = check(current)
         steps.append({"float_ops": [{"node": n, "scope": scopes[n]} for n in in_float],
-                      "int8_ops": len(current.ops), "int8_top1": result["int8_top1"], "drop": result["drop"],
-                      "passed": bool(result["passed"])})
+                      "int8_ops": len(current.ops), **{k: result[k] for k in fields}, "passed": bool(result["passed"])})
         if result["passed"] or len(in_float) >= min(max_ops, len(candidates)):
             return current, steps
         in_float.append(candidates[len(in_float)])

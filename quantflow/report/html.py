@@ -26,10 +26,6 @@ def _table(head: list[str], rows: list[list]) -> str:
     return f"<table><tr>{th}</tr>{trs}</table>"
 
 
-def _pct(x: float) -> str:
-    return f"{x * 100:.2f}%"
-
-
 def render(title: str, gate: dict, sensitivity: dict, histograms: dict, fallback: dict | None) -> str:
     """``gate``: the accuracy report; ``sensitivity``: ``Sensitivity.as_dict()``; ``histograms``:
     node -> {"scope", "hist", "lo", "hi", "clip"} (may be empty: minmax collects none);
@@ -73,12 +69,8 @@ def render(title: str, gate: dict, sensitivity: dict, histograms: dict, fallback
     if not steps or (fallback or {}).get("mode") == "off":
         parts.append("<p>quantization.fallback is off: every quantizable layer not in quantization.skip is INT8.</p>")
     else:
-        parts.append(_img(plots.fallback_steps([s["int8_ops"] for s in steps], [s["int8_top1"] for s in steps],
-                                               gate["fp32_top1"], gate["threshold"]), "fallback steps"))
-        parts.append(_table(["step", "layers in float16", "INT8 ops", "INT8 top-1", "drop (points)", "passed"],
-                            [[i, ", ".join(f["scope"] for f in s["float_ops"]) or "(none)", s["int8_ops"],
-                              _pct(s["int8_top1"]), f"{s['drop'] * 100:+.2f}", s["passed"]]
-                             for i, s in enumerate(steps)]))
+        parts.append(_img(m.fallback_chart(steps, gate), "fallback steps"))
+        parts.append(_table(*m.fallback_table(steps)))
     parts.append("</section>")
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;"
              "margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px}.pass{color:green}"
