@@ -24,7 +24,7 @@ from quantflow.quantization.calibrater import calibrate
 from quantflow.quantization.deploy import quantized_graph
 from quantflow.quantization.passes import fold_for_quantization
 from quantflow.quantization.qparams import QuantParams
-from quantflow.quantization.sensitivity import Agreement, analyse
+from quantflow.quantization.sensitivity import Agreement, analyse, rank
 
 SHAPE = (2, 3, 32, 32)
 HEADS = [(2, 27, 4, 4), (2, 27, 8, 8)]  # 3 anchors x (4 box + objectness + 4 classes), strides 8 and 4
@@ -87,7 +87,7 @@ def test_deploy_graphs_compute_every_head_as_the_emulation_does(detector, tmp_pa
 
 def test_the_per_layer_analysis_weighs_every_head(detector):
     """A layer that feeds only the fine head is ranked by what it does to the network's outputs, both heads
-    pooled (the coarse head alone would not see it)."""
+    pooled (the coarse head alone would not see it); each head's own figures are kept beside."""
     _, _, folded, qp = detector
     x = np.random.default_rng(3).normal(size=(4,) + SHAPE[1:]).astype(np.float32)
     sens = analyse(folded, qp, [x[:2], x[2:]])
@@ -95,13 +95,16 @@ def test_the_per_layer_analysis_weighs_every_head(detector):
     fp32 = float_runner(folded, [out_of[q.node] for q in qp.ops])
     for q in qp.ops:
         emu = Emulator(folded, QuantParams(qp.method, [q]))
-        pooled, coarse = Agreement(), Agreement()
+        pooled, each = Agreement(), {o: Agreement() for o in folded.outputs}
         for batch in (x[:2], x[2:]):
             ref, got = fp32.run(batch), emu.outputs(batch.astype(np.float16))
             for o in folded.outputs:
                 pooled.add(ref[o], got[o])
-            coarse.add(ref[folded.outputs[0]], got[folded.outputs[0]])
+                each[o].add(ref[o], got[o])
+        coarse = each[folded.outputs[0]]
         assert sens.row(q.node)["output"] == pooled.as_dict(), q.scope
+        # and each head on its own, for the fallback to rank layers on the heads that fail
+        assert sens.row(q.node)["per_output"] == {o: a.as_dict() for o, a in each.items()}, q.scope
         if q.scope.startswith("Default/fine"):
             assert pooled.sqnr_db < coarse.sqnr_db - 10  # its own head's error, not only float16's
 
@@ -178,7 +181,8 @@ def test_a_detector_project_is_gated_on_every_output(tmp_path):
     assert "AccuracyGateError" in out and f"INT8 output(s) {worst} (cosine" in out
     assert "fall below evaluation.min_cosine" in out
 
-    # the automatic fallback rolls the most sensitive layers back to float16 until every output passes
+    # the automatic fallback rolls layers back to float16 until every output passes, each next layer the one
+    # that harms the outputs still below the limit most
     limit = least + (1 - least) / 2
     (project / "fallback.toml").write_text(
         DETECTOR_CONFIG.replace("min_cosine = 0.99", f"min_cosine = {limit:.9f}")
@@ -187,9 +191,16 @@ def test_a_detector_project_is_gated_on_every_output(tmp_path):
     assert rolled.returncode == 0, rolled.stdout[-3000:] + rolled.stderr[-3000:]
     latest = json.loads((project / "build" / "latest.json").read_text())
     steps = json.loads((Path(latest["artifacts"]["fallback"]) / "fallback.json").read_text())["steps"]
-    ranking = json.loads((Path(latest["artifacts"]["calibrate"]) / "sensitivity.json").read_text())["ranking"]
+    sensitivity = json.loads((Path(latest["artifacts"]["calibrate"]) / "sensitivity.json").read_text())
     assert not steps[0]["passed"] and steps[0]["least_cosine"] == pytest.approx(least, abs=1e-12)
+    assert worst in steps[0]["failures"]
     assert steps[-1]["passed"] and steps[-1]["least_cosine"] >= limit and len(steps) >= 2
-    assert [f["node"] for f in steps[-1]["float_ops"]] == ranking[:len(steps) - 1]
+    assert steps[-1]["failures"] == []
+    for before, after in zip(steps, steps[1:]):
+        assert before["failures"]
+        done = [f["node"] for f in before["float_ops"]]
+        chosen = next(n for n in rank(sensitivity["ops"], before["failures"]) if n not in done)
+        assert [f["node"] for f in after["float_ops"]] == done + [chosen]
+    assert "(below the limit: " + ", ".join(steps[0]["failures"]) + ")" in rolled.stdout
     assert latest["gate"]["passed"] and latest["float16_fallback"] == [f["scope"] for f in steps[-1]["float_ops"]]
     assert "<th>least output cosine</th>" in (Path(latest["artifacts"]["gate"]) / "report.html").read_text()

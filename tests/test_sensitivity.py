@@ -17,7 +17,7 @@ from quantflow.quantization.fallback import roll_back, without
 from quantflow.quantization.passes import fold_for_quantization
 from quantflow.quantization.qparams import QuantizedOp, QuantParams
 from quantflow.quantization.sensitivity import (Agreement, Sensitivity, _ChannelShift, _from_its_quant, analyse,
-                                                 correct_bias)
+                                                 correct_bias, rank)
 
 
 def sqnr_db(r, q):
@@ -340,6 +340,47 @@ def test_roll_back_ignores_ranked_nodes_that_are_not_quantized():
     selected, steps = roll_back(qp, ["skipped", "n1", "gone", "n0", "n2"], FakeCheck({"n1", "n0"}), max_ops=10)
     assert [[f["node"] for f in s["float_ops"]] for s in steps] == [[], ["n1"], ["n1", "n0"]]
     assert [q.node for q in selected.ops] == ["n2"] and steps[-1]["passed"]
+
+
+def _row(node, pooled, **each):
+    row = {"node": node, "output": {"sqnr_db": pooled, "cosine": 0.9}}
+    if each:
+        row["per_output"] = {k: {"sqnr_db": v, "cosine": 0.9} for k, v in each.items()}
+    return row
+
+
+def test_rank_orders_by_pooled_sqnr_or_by_the_least_sqnr_on_the_named_outputs():
+    rows = [_row("a", 30.0, coarse=40.0, fine=25.0), _row("b", 20.0, coarse=18.0, fine=35.0),
+            _row("c", 25.0, coarse=22.0, fine=20.0), _row("d", 25.0, coarse=50.0, fine=50.0)]
+    assert rank(rows) == ["b", "c", "d", "a"]                       # pooled; the tie c/d by name
+    assert rank(rows, ["fine"]) == ["c", "a", "b", "d"]
+    assert rank(rows, ["coarse"]) == ["b", "c", "a", "d"]
+    assert rank(rows, ["coarse", "fine"]) == ["b", "c", "a", "d"]   # each op's worst of the two: 18, 20, 25, 50
+    assert rank(rows, []) == rank(rows, None) == rank(rows)
+    # rows without per-output figures (a single-output network, an older analysis) keep the pooled key
+    assert rank([_row("x", 10.0), _row("y", 5.0)], ["fine"]) == ["y", "x"]
+
+
+def test_roll_back_takes_each_next_op_from_the_ranking_of_what_failed():
+    qp = fake_qparams(4)
+    ranking = ["n0", "n1", "n2", "n3"]
+    seen = []
+
+    def check(q):                  # passes once n3 and n2 are in float; reports which of them is left
+        left = sorted({"n3", "n2"} & {o.node for o in q.ops})
+        return {"passed": not left, "int8_top1": 0.5, "drop": 0.1 * len(left), "failing": left}
+
+    def rerank(result):            # the ops that harm what failed most first
+        seen.append(result["failing"])
+        return result["failing"] + [n for n in ranking if n not in result["failing"]]
+
+    selected, steps = roll_back(qp, ranking, check, max_ops=4, rerank=rerank)
+    assert [[f["node"] for f in s["float_ops"]] for s in steps] == [[], ["n2"], ["n2", "n3"]]
+    assert seen == [["n2", "n3"], ["n3"]] and steps[-1]["passed"]
+    assert [q.node for q in selected.ops] == ["n0", "n1"]
+    # without rerank the same check takes the static ranking: every op until n2 and n3 are gone
+    _, plain = roll_back(qp, ranking, check, max_ops=4)
+    assert [f["node"] for f in plain[-1]["float_ops"]] == ["n0", "n1", "n2", "n3"]
 
 
 def test_sensitivity_ranking_drives_the_fallback_to_the_broken_layer(residual, analysed):

@@ -11,8 +11,9 @@
   ``evaluation.min_cosine``.
 
 Each metric gives its report, its text table, a one-line verdict, the reason it failed, the HTML report's
-rows and, for the automatic fallback, its check and how each step reads, so that the stages, the build
-summary, ``quantflow report`` and the HTML report ask the metric instead of reading one metric's fields.
+rows and, for the automatic fallback, its check, what a failed check points at (``focus``: the outputs
+the next layer is ranked on) and how each step reads, so that the stages, the build summary,
+``quantflow report`` and the HTML report ask the metric instead of reading one metric's fields.
 """
 from __future__ import annotations
 
@@ -45,6 +46,10 @@ class Top1:
         e = cfg.evaluation
         return lambda qparams: compare(fp, int8_logits(cfg, folded, qparams, aipp_params), labels, e.threshold,
                                        e.max_class_drop)
+
+    def focus(self, r: dict) -> None:
+        """The network outputs a failed check points at: top-1 reads the one output."""
+        return None
 
     def step_line(self, st: dict) -> str:
         return f"INT8 top-1 {st['int8_top1']:.4f} (drop {st['drop'] * 100:.2f} points)"
@@ -104,7 +109,7 @@ class Top1:
 class Outputs:
     name = "outputs"
     summary_keys = ("least_cosine", "min_cosine")
-    step_keys = ("least_cosine",)
+    step_keys = ("least_cosine", "failures")
 
     def evaluate(self, cfg, graph, folded, qparams, aipp_params: dict) -> dict:
         from .gate import compare_outputs, eval_items, output_stats
@@ -121,8 +126,13 @@ class Outputs:
         per-image sums are kept, never the outputs)."""
         return lambda qparams: self.evaluate(cfg, graph, folded, qparams, aipp_params)
 
+    def focus(self, r: dict) -> list[str]:
+        """The outputs below the limit: the fallback rolls back next the layer that harms them most."""
+        return r["failures"]
+
     def step_line(self, st: dict) -> str:
-        return f"least output cosine {st['least_cosine']:.5f}"
+        failing = f" (below the limit: {', '.join(st['failures'])})" if st["failures"] else ""
+        return f"least output cosine {st['least_cosine']:.5f}{failing}"
 
     def fallback_chart(self, steps: list[dict], gate: dict) -> bytes:
         from ..report import plots
@@ -130,8 +140,9 @@ class Outputs:
                                 gate["min_cosine"], "cosine", "least output cosine")
 
     def fallback_table(self, steps: list[dict]) -> tuple[list[str], list[list]]:
-        return (["step", "layers in float16", "INT8 ops", "least output cosine", "passed"],
-                [[i, _in_float(s), s["int8_ops"], f"{s['least_cosine']:.5f}", s["passed"]] for i, s in enumerate(steps)])
+        return (["step", "layers in float16", "INT8 ops", "least output cosine", "outputs below the limit", "passed"],
+                [[i, _in_float(s), s["int8_ops"], f"{s['least_cosine']:.5f}", ", ".join(s.get("failures", [])),
+                  s["passed"]] for i, s in enumerate(steps)])
 
     def table(self, r: dict) -> list[str]:
         lines = [f"  INT8 against FP32 on every output; each needs cosine >= {r['min_cosine']:g}",

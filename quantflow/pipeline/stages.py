@@ -164,9 +164,11 @@ def load_histograms(calibrate_dir: Path, qp) -> dict:
 def fallback_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, aipp_dir: Path) -> dict:
     """The INT8 parameters the build uses: the calibrated ones (``quantization.fallback = "off"``) or, with
     "auto", those left once the most sensitive ops were rolled back to float16 until the gate's check
-    passes on the held-out images (or ``max_fallback`` ops are in float)."""
+    passes on the held-out images (or ``max_fallback`` ops are in float); each next op the most sensitive
+    on what the last check failed (the outputs gate: the outputs below the limit)."""
     from ..quantization.fallback import roll_back
     from ..quantization.qparams import QuantParams
+    from ..quantization.sensitivity import rank
 
     kdir, q = Path(kdir), cfg.quantization
     qp = QuantParams.load(calibrate_dir)
@@ -183,8 +185,9 @@ def fallback_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, aipp_d
         aipp_cfg = Path(aipp_dir) / "aipp.cfg"
         m = metric(cfg.evaluation.metric)
         check = m.checker(cfg, graph, fold_for_quantization(graph), parse(aipp_cfg.read_text(), str(aipp_cfg)))
-        ranking = json.loads((Path(calibrate_dir) / "sensitivity.json").read_text())["ranking"]
-        qp, steps = roll_back(qp, ranking, check, q.max_fallback, m.step_keys)
+        sensitivity = json.loads((Path(calibrate_dir) / "sensitivity.json").read_text())
+        qp, steps = roll_back(qp, sensitivity["ranking"], check, q.max_fallback, m.step_keys,
+                              rerank=lambda report: rank(sensitivity["ops"], m.focus(report)))
         result = {"mode": "auto", "metric": m.name, "max_fallback": q.max_fallback, "steps": steps,
                   "float_ops": steps[-1]["float_ops"], "passed": steps[-1]["passed"]}
         for i, st in enumerate(steps):

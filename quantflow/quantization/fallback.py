@@ -4,7 +4,8 @@ Starting from every op in INT8, the most sensitive op still in INT8 (``Sensitivi
 rolled back to float16 -- left out of the quantization parameters, so that the emulation and every
 deploy graph keep it as a float op -- until the accuracy check passes or ``max_ops`` ops are in
 float, in the manner of AMCT's accuracy-based auto calibration and NNCF's
-quantize_with_accuracy_control.  Every step's accuracy is recorded.
+quantize_with_accuracy_control.  Every step's accuracy is recorded.  Where the check names what fails
+(a detector's failing heads), each next op is the most sensitive on that (``rerank``).
 """
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ def without(qparams: QuantParams, nodes) -> QuantParams:
 
 
 def roll_back(qparams: QuantParams, ranking: list[str], check: Callable[[QuantParams], dict],
-              max_ops: int, fields: tuple[str, ...] = ("int8_top1", "drop")) -> tuple[QuantParams, list[dict]]:
+              max_ops: int, fields: tuple[str, ...] = ("int8_top1", "drop"),
+              rerank: Callable[[dict], list[str]] | None = None) -> tuple[QuantParams, list[dict]]:
     """(the selected parameters, the steps).  ``check(qparams)`` returns at least ``passed`` and ``fields``
-    (the gate metric's step keys); each step records those with the ops in float at that point."""
+    (the gate metric's step keys); each step records those with the ops in float at that point.
+    ``rerank(result)``, when given, is the ranking the next op is taken from after a failed check."""
     in_float: list[str] = []
     scopes = {q.node: q.scope for q in qparams.ops}
     steps = []
@@ -34,4 +37,5 @@ def roll_back(qparams: QuantParams, ranking: list[str], check: Callable[[QuantPa
                       "int8_ops": len(current.ops), **{k: result[k] for k in fields}, "passed": bool(result["passed"])})
         if result["passed"] or len(in_float) >= min(max_ops, len(candidates)):
             return current, steps
-        in_float.append(candidates[len(in_float)])
+        order = [n for n in rerank(result) if n in scopes] if rerank else candidates
+        in_float.append(next(n for n in order + candidates if n not in in_float))

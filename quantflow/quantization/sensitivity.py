@@ -5,7 +5,8 @@ For every quantized op, against the FP32 graph on the same images:
 - ``alone``: its output with that op alone in INT8 (every other op in the float16 emulation);
 - ``output``: the network's output with that op alone in INT8 (the ranking key, as in AMCT's
   accuracy-based auto calibration, which ranks layers by the similarity of their quantized result);
-  for a network with several outputs (a detector's heads), all of them pooled;
+  for a network with several outputs (a detector's heads), all of them pooled, and each output on its
+  own in ``per_output`` (``rank`` can rank on the outputs that fail a gate);
 - ``cumulative``: its output with every op in INT8 (the error accumulated along the graph).
 
 Each as SQNR (dB, 10 log10 of signal over error energy) and cosine similarity.  An op whose
@@ -90,6 +91,17 @@ class _ChannelShift:
         return np.where(self.count > 0, self.sum / np.maximum(self.count, 1), 0.0)
 
 
+def rank(rows: list[dict], outputs: list[str] | None = None) -> list[str]:
+    """The ops of ``rows`` (``Sensitivity.rows``, or a sensitivity.json's "ops"), most harmful first: by the
+    SQNR of the network's output with the op alone in INT8, all outputs pooled; given ``outputs``, by the
+    least SQNR among those outputs (for rows that hold per-output figures).  Ties go by node name."""
+    def key(r):
+        if outputs and all(o in r.get("per_output", {}) for o in outputs):
+            return min(r["per_output"][o]["sqnr_db"] for o in outputs), r["node"]
+        return r["output"]["sqnr_db"], r["node"]
+    return [r["node"] for r in sorted(rows, key=key)]
+
+
 @dataclass
 class Sensitivity:
     """One row per quantized op (in graph order) and the ranking (most sensitive first)."""
@@ -99,7 +111,7 @@ class Sensitivity:
 
     @property
     def ranking(self) -> list[str]:
-        return [r["node"] for r in sorted(self.rows, key=lambda r: (r["output"]["sqnr_db"], r["node"]))]
+        return rank(self.rows)
 
     def row(self, node: str) -> dict:
         return next(r for r in self.rows if r["node"] == node)
@@ -161,17 +173,22 @@ def _op_rows(shared, nodes: list[str]) -> list[tuple[dict, np.ndarray | None]]:
             q, t, run = by_node[node], out_of[node], _from_its_quant(graph, qparams, node)
             emu = Emulator(run, extra_outputs=[t])
             alone, output, shift = Agreement(), Agreement(), _ChannelShift(q.relu)
+            each = {f: Agreement() for f in finals}
             for prefix, ref in zip(prefixes, refs):
                 got = emu.outputs({i: prefix[i] for i in run.inputs}, list(dict.fromkeys([t] + finals)))
                 alone.add(ref[t], got[t])
                 for f in finals:
                     output.add(ref[f], got[f])
+                    each[f].add(ref[f], got[f])
                 if bias_shift:
                     shift.add(ref[t], got[t])
             del emu
             gc.collect()  # one op's onnxruntime session at a time
-            done.append(({"node": node, "scope": q.scope, "op": q.op, "method": q.stats.get("method", qparams.method),
-                          "alone": alone.as_dict(), "output": output.as_dict()}, shift.mean() if bias_shift else None))
+            row = {"node": node, "scope": q.scope, "op": q.op, "method": q.stats.get("method", qparams.method),
+                   "alone": alone.as_dict(), "output": output.as_dict()}
+            if len(finals) > 1:
+                row["per_output"] = {f: a.as_dict() for f, a in each.items()}
+            done.append((row, shift.mean() if bias_shift else None))
             bar.update(1)
     return done
 
