@@ -206,6 +206,31 @@ class DetectorStyle(nn.Cell):
         return self.sig(self.coarse(c3)), self.sig(self.fine(p2))
 
 
+class AnchorDecode(nn.Cell):
+    """A YOLO head's box decoding in miniature: an anchor grid from constants (coordinates tiled and
+    stacked, times an int32 stride parameter: computed once when read) added to the predicted offsets,
+    and Tile and Stack on tensors computed at run time."""
+
+    def __init__(self):
+        super().__init__()
+        import mindspore as ms
+        import numpy as np
+
+        self.conv = nn.Conv2d(3, 4, 3, stride=4, has_bias=True)   # 16x16 -> 4 maps of 4x4
+        self.centres = ms.Tensor(np.arange(4, dtype=np.float32) + 0.5)
+        self.stride = ms.Parameter(ms.Tensor(np.array([4], np.int32)), requires_grad=False)
+
+    def construct(self, x):
+        f = self.conv(x)
+        n = f.shape[0]
+        sx = ops.tile(self.centres.reshape(1, 4), (4, 1))
+        sy = ops.tile(self.centres.reshape(4, 1), (1, 4))
+        grid = ops.stack((sx, sy), 0).reshape(1, 2, 16) * self.stride[0]
+        xy = f[:, :2].reshape(n, 2, 16) + grid
+        wh = ops.tile(f[:, 2:].reshape(n, 2, 1, 16), (1, 1, 2, 1)).reshape(n, 4, 16)
+        return ops.stack((xy, wh[:, :2], wh[:, 2:]), 1)
+
+
 class Unsupported(nn.Cell):
     def __init__(self):
         super().__init__()

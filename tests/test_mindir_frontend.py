@@ -71,6 +71,25 @@ def test_nodes_keep_their_scopes_and_attributes_under_stable_names(exported, tmp
     assert all(graph.initializers[n.inputs[1]].dtype == np.float32 for n in convs)
 
 
+def test_constant_subgraphs_are_computed_once_and_tile_stack_run(tmp_path):
+    """A YOLO-style anchor grid: Tile and Stack of constants and an int32 stride parameter times floats are
+    computed when read (no node left for them); Tile and Stack on run-time tensors are IR ops; the IR equals
+    MindSpore."""
+    net = nets.AnchorDecode()
+    graph = read_mindir(nets.export(net, tmp_path / "anchors.mindir"))
+    ops = graph.op_counts()
+    assert ops["Tile"] == 1 and ops["Stack"] == 1 and "Mul" not in ops   # the run-time ones; the grid is a constant
+    grid = [v for k, v in graph.initializers.items() if v.shape == (1, 2, 16)]
+    assert len(grid) == 1 and grid[0].dtype == np.float32
+    np.testing.assert_array_equal(grid[0][0, 0, :4], np.array([2, 6, 10, 14], np.float32))   # (0.5 + i) * 4
+    x = np.random.default_rng(0).normal(size=(2, 3, 16, 16)).astype(np.float32)
+    got = float_runner(graph).run(x)[graph.outputs[0]]
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    want = net(ms.Tensor(x)).asnumpy()
+    assert got.shape == want.shape == (2, 3, 2, 16)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
 def test_unsupported_op_names_type_and_node(tmp_path):
     path = nets.export(nets.Unsupported(), tmp_path / "u.mindir")
     with pytest.raises(UnsupportedNetworkError, match=r"unsupported op 'Cos' at node .*Default/Cos-op0"):

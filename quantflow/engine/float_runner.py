@@ -38,6 +38,17 @@ def to_onnx(graph: Graph, extra_outputs: list[str] = (), input_name: str | None 
                    [(o, graph.shape(o), graph.tensors[o].dtype if o in graph.tensors else "float32") for o in outs])
 
 
+def constant_outputs(node, values: dict[str, np.ndarray], infos: dict) -> list[np.ndarray]:
+    """The outputs of IR ``node`` whose inputs are all in ``values`` (constants), computed through its registry
+    lowering; ``infos``: the IR's TensorInfo of each output."""
+    b = OnnxBuilder(f"{node.name}_constant", taken=set(node.inputs) | set(node.outputs))
+    for i in node.inputs:
+        b.initializer(i, values[i])
+    get_op(node.op, node.name).to_onnx(node, b)
+    model = b.model([], [(o, infos[o].shape, infos[o].dtype) for o in node.outputs])
+    return [np.asarray(v) for v in session(model, optimize=False).run(list(node.outputs), {})]
+
+
 # onnxruntime threads per session; None: onnxruntime's default (one per core).  A worker process that
 # shares the machine with others sets its share (quantflow.engine.shard)
 THREADS: int | None = None

@@ -11,7 +11,8 @@ Plumbing is resolved away here: Load (-> the parameter), Depend (-> its first in
 UpdateState and monads (dropped), MakeTuple / TupleGetItem (-> the tuple's elements or the
 producing op's n-th output) and Constant (-> a constant input the op definition decodes).
 Every other primitive must be in the op registry; one that is not is an error naming the op
-type and the node.
+type and the node.  A node whose inputs are all constants (parameters, constants, or values folded
+before it) is computed once here and becomes a constant itself.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..engine.float_runner import constant_outputs
 from ..errors import UnsupportedNetworkError
 from ..ir import Graph, Node, TensorInfo
 from ..ops import Const, TensorList, get as get_op
@@ -144,6 +146,19 @@ class MindirNodeContext:
         if isinstance(v, Const) and isinstance(v.value, (np.ndarray, int, float)):
             return self.reader.add_constant(f"{self.node_name}:const{i}", v.value)
         self.fail(f"input {i} is {v!r}, expected a tensor")
+
+    def operand(self, i: int) -> str:
+        """``tensor(i)`` as an operand of float arithmetic: MindSpore promotes an integer operand to the float
+        type (a YOLO head's int32 strides times float anchors); a constant one becomes a float32 constant."""
+        name = self.tensor(i)
+        if self.out_infos and self.out_infos[0].dtype.startswith("float"):
+            value = self.reader.initializers.get(name)
+            if value is not None and not np.issubdtype(value.dtype, np.floating):
+                return self.reader.add_constant(f"{name}:float", value)
+            if value is None and not self.reader.tensors[name].dtype.startswith("float"):
+                self.fail(f"input {i} is an {self.reader.tensors[name].dtype} tensor computed at run time in float "
+                          f"arithmetic; quantflow runs float networks")
+        return name
 
     def tensors(self, i: int) -> list[str]:
         v = self.args[i] if i < len(self.args) else None
@@ -322,7 +337,13 @@ class _Reader:
             if info is None:
                 raise UnsupportedNetworkError(f"node {n.name} ({op_type}): MindSpore recorded no output shape")
             self.tensors[name] = info
-        self.nodes.append(node)
+        if node.inputs and all(i in self.initializers for i in node.inputs):
+            # computed from constants alone (a YOLO head's anchor grid and strides): its value, once
+            for name, value in zip(outputs, constant_outputs(node, self.initializers, self.tensors)):
+                self.initializers[name] = value
+                del self.tensors[name]
+        else:
+            self.nodes.append(node)
         if opdef.num_outputs is None:
             self.values[out] = out
         else:

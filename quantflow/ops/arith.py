@@ -5,7 +5,7 @@ from .registry import OpDef, register
 
 
 def _binary(ctx):
-    return [ctx.tensor(0), ctx.tensor(1)], {}
+    return [ctx.operand(0), ctx.operand(1)], {}
 
 
 def _simple(onnx_op: str):
@@ -17,7 +17,7 @@ def _add_ext_from_mindir(ctx):
     alpha = float(ctx.get(2, "alpha", 1.0))
     if alpha != 1.0:
         ctx.fail(f"InplaceAddExt with alpha {alpha} (only 1 is supported)")
-    return [ctx.tensor(0), ctx.tensor(1)], {}
+    return [ctx.operand(0), ctx.operand(1)], {}
 
 
 def _infix(symbol: str):

@@ -29,6 +29,54 @@ register(OpDef("Concat", _concat_from_mindir,
                lambda n, b: b.add("Concat", n.inputs, n.outputs[0], axis=n.attrs["axis"]), to_mindspore=_concat_ms))
 
 
+# ----------------------------------------------------------------------------- Stack / Tile
+# (YOLO heads build their anchor grids with them: mindyolo's make_anchors stacks and tiles aranges)
+
+def _stack_from_mindir(ctx):
+    names = ctx.tensors(0)
+    rank = len(ctx.shape(names[0])) + 1
+    return names, {"axis": norm_axis(int(ctx.get(1, "axis", 0)), rank)}
+
+
+def _stack_onnx(node, b):
+    axes = _i64(b, [node.attrs["axis"]], "axes")
+    b.add("Concat", [b.add("Unsqueeze", [x, axes]) for x in node.inputs], node.outputs[0], axis=node.attrs["axis"])
+
+
+def _stack_ms(node, w):
+    parts = ", ".join(w.x(node, i) for i in range(len(node.inputs)))
+    return f"{w.prim('ops.Stack(%d)' % node.attrs['axis'])}(({parts},))"
+
+
+register(OpDef("Stack", _stack_from_mindir, _stack_onnx, to_mindspore=_stack_ms))
+
+
+def _tile_from_mindir(ctx):
+    x = ctx.tensor(0)
+    multiples = as_ints(ctx.get(1, "multiples", ()))
+    shape = ctx.shape(x)
+    if len(multiples) < len(shape):
+        ctx.fail(f"Tile with {len(multiples)} multiples of a rank-{len(shape)} input")
+    # MindSpore's Tile puts leading 1s on the input's shape up to the multiples' length; ONNX's does not
+    lead = len(multiples) - len(shape)
+    return [x], {"multiples": multiples, "shape": [1] * lead + list(shape), "lead": lead}
+
+
+def _tile_onnx(node, b):
+    a = node.attrs
+    x = node.inputs[0]
+    if a.get("lead"):
+        x = b.add("Reshape", [x, _i64(b, a["shape"], "shape")])
+    b.add("Tile", [x, _i64(b, a["multiples"], "repeats")], node.outputs[0])
+
+
+def _tile_ms(node, w):
+    return f"{w.prim('ops.Tile()')}({w.x(node, 0)}, {tuple(node.attrs['multiples'])})"
+
+
+register(OpDef("Tile", _tile_from_mindir, _tile_onnx, to_mindspore=_tile_ms))
+
+
 # ----------------------------------------------------------------------------- Split / Unstack
 
 def _split_from_mindir(ctx):
