@@ -1,5 +1,5 @@
-"""mindcv model-zoo networks (random weights) through the whole build graph, read from model.mindir, built with
-`quantflow build` in a folder holding only the project (no dodo.py)."""
+"""mindcv model-zoo networks and mindyolo's YOLOv8-n (random weights) through the whole build graph, read from
+model.mindir, built with `quantflow build` in a folder holding only the project (no dodo.py)."""
 from __future__ import annotations
 
 import json
@@ -34,3 +34,30 @@ def test_zoo_network_builds_with_quantflow_build(tmp_path, arch, expect):
     report = json.loads((dirs["gate"] / "accuracy_report.json").read_text())
     assert report["images"] == 20 and report["relative_logit_error"] < 0.2
     assert "SKIPPED atc conversion" in proc.stdout
+
+
+def test_mindyolo_yolov8n_builds_gated_on_every_output(tmp_path):
+    """A real YOLO from MindSpore's model family: mindyolo's YOLOv8-n (C2f, SPPF, FPN/PAN, the anchor-free
+    head with its DFL box decoding) builds with the outputs gate; its anchor grid is computed when read."""
+    pytest.importorskip("mindyolo")
+    from quantflow.demo.zoo import build_project
+
+    toml = build_project("yolov8n", tmp_path / "yolo", calib_per_class=2, eval_per_class=2, verify_images=2,
+                         data_root=REPO)
+    assert 'metric = "outputs"' in toml.read_text() and "num_classes" not in toml.read_text()
+    proc = run_quantflow(tmp_path / "yolo", "build", str(toml))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    latest = json.loads((tmp_path / "yolo" / "build" / "latest.json").read_text())
+    dirs = {k: Path(v) for k, v in latest["artifacts"].items()}
+    graph = json.loads((dirs["graph"] / "graph.json").read_text())
+    ops = graph["ops"]
+    assert ops["Conv2D"] == 64 and {"SiLU", "Softmax", "Sigmoid", "Split", "Concat", "MaxPool"} <= set(ops)
+    assert not {"Tile", "Stack"} & set(ops)     # the anchor grid: constants once read
+    assert graph["verify"]["relative_diff"] < 1e-4
+    qparams = json.loads((dirs["calibrate"] / "qparams.json").read_text())
+    assert len(qparams["ops"]) == 64
+    report = json.loads((dirs["gate"] / "accuracy_report.json").read_text())
+    assert report["metric"] == "outputs" and report["passed"] and report["images"] == 20
+    # the decoded predictions (525 anchors x 4 box + 10 classes) and the three raw head maps
+    assert [o["shape"] for o in report["outputs"]] == [[1, 525, 14], [1, 74, 20, 20], [1, 74, 10, 10], [1, 74, 5, 5]]
+    assert all(0.9 <= o["cosine"] < 1 and o["sqnr_db"] > 20 for o in report["outputs"])

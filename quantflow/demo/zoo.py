@@ -1,4 +1,5 @@
-"""Model-zoo projects: a mindcv architecture as a quantflow project, for trying real network graphs.
+"""Model-zoo projects: a mindcv architecture (or mindyolo's YOLOv8-n) as a quantflow project, for trying real
+network graphs.
 
 ``python -m quantflow.demo.zoo resnet18 build/zoo/resnet18 --size 64`` writes
 
@@ -10,7 +11,9 @@
 
 With random weights accuracy means nothing, so the gate threshold is 1.0 (always passes): a
 zoo project shows that the graph is read, matches MindSpore, calibrates, quantizes and emulates;
-the FP32/INT8 top-1 agreement in its accuracy report says how closely INT8 follows FP32.
+the FP32/INT8 top-1 agreement in its accuracy report says how closely INT8 follows FP32.  A detector
+(``yolov8n``, from mindyolo: ``quantflow.demo.yolo``) gets the outputs gate instead: every head's cosine
+similarity of INT8 to FP32, at ``evaluation.min_cosine`` 0.9.
 """
 from __future__ import annotations
 
@@ -22,15 +25,15 @@ import numpy as np
 ARCHS = {  # the architectures quantflow is tried on, and the smallest input each takes here
     "resnet18": 64, "mobilenet_v2_100": 64, "mobilenet_v3_small_100": 64, "efficientnet_b0": 64,
     "densenet121": 64, "inception_v3": 96, "shufflenet_v2_x1_0": 64, "regnet_x_200mf": 64, "convnext_tiny": 64,
-    "vit_b_32_224": 224,
+    "vit_b_32_224": 224, "yolov8n": 160,
 }
+DETECTORS = {"yolov8n"}   # from mindyolo (quantflow.demo.yolo), gated on every output
 
-TOML = """# quantflow project for mindcv {arch} (random weights; see quantflow/demo/zoo.py)
+TOML = """# quantflow project for {arch} (random weights; see quantflow/demo/zoo.py)
 [model]
 mindir = "model.mindir"
 input_shape = [1, 3, {size}, {size}]
-num_classes = 10
-verify_images = {verify}
+{classes}verify_images = {verify}
 
 [normalization]
 mean = [0.485, 0.456, 0.406]
@@ -46,7 +49,7 @@ method = "{method}"
 
 [evaluation]
 data_dir = "eval_data"
-threshold = 1.0
+{gate}
 
 [aipp]
 template = "{aipp}"
@@ -61,6 +64,9 @@ def randomize(net, seed: int = 0):
     rng = np.random.default_rng(seed)
     for p in net.get_parameters():
         shape, name = p.shape, p.name
+        fixed = not p.requires_grad and not name.endswith(("moving_mean", "moving_variance"))
+        if fixed or not np.issubdtype(p.asnumpy().dtype, np.floating):
+            continue   # the architecture's own constants (a YOLO head's strides and DFL projection)
         if name.endswith("moving_variance"):
             v = rng.uniform(0.5, 1.5, shape)
         elif name.endswith("gamma"):
@@ -78,6 +84,9 @@ def randomize(net, seed: int = 0):
 
 
 def create(arch: str, num_classes: int = 10):
+    if arch == "yolov8n":
+        from .yolo import yolov8n
+        return yolov8n(num_classes)
     from mindcv.models import create_model
     return create_model(arch, num_classes=num_classes, pretrained=False)
 
@@ -109,8 +118,9 @@ def build_project(arch: str, out: Path, size: int | None = None, calib_per_class
     _write_images(repo / "eval_data", out / "eval_data", size, eval_per_class)
     aipp = Path("static_rgb888_u8.cfg")  # shipped with quantflow
     toml = out / "quantflow.toml"
+    gate = 'metric = "outputs"\nmin_cosine = 0.9' if arch in DETECTORS else "threshold = 1.0"
     toml.write_text(TOML.format(arch=arch, size=size, calib=calib, method=method, aipp=aipp.as_posix(),
-                                verify=verify_images))
+                                verify=verify_images, gate=gate, classes="" if arch in DETECTORS else "num_classes = 10\n"))
     return toml
 
 
