@@ -231,6 +231,29 @@ class AnchorDecode(nn.Cell):
         return ops.stack((xy, wh[:, :2], wh[:, 2:]), 1)
 
 
+class SliceAssignDecode(nn.Cell):
+    """YOLOv5's box decoding in miniature: sigmoid predictions whose xy and wh columns are rewritten by slice
+    assignment (TensorScatterUpdate in graph mode), xy against a constant grid, wh squared (Pow)."""
+
+    def __init__(self):
+        super().__init__()
+        import mindspore as ms
+        import numpy as np
+
+        self.conv = nn.Conv2d(3, 12, 3, stride=4, has_bias=True)   # 16x16 -> 2 anchors x 6 values, 4x4
+        g = np.stack(np.meshgrid(np.arange(4), np.arange(4)), -1).reshape(1, 1, 4, 4, 2)
+        self.grid = ms.Tensor(g.astype(np.float32))
+        self.anchors = ms.Tensor(np.array([[10, 13], [16, 30]], np.float32).reshape(1, 2, 1, 1, 2))
+
+    def construct(self, x):
+        f = self.conv(x)
+        y = ops.transpose(f.view(f.shape[0], 2, 6, 4, 4), (0, 1, 3, 4, 2))   # N, anchors, 4, 4, 6
+        y = ops.sigmoid(y)
+        y[..., 0:2] = (y[..., 0:2] * 2.0 - 0.5 + self.grid) * 4.0
+        y[..., 2:4] = (y[..., 2:4] * 2) ** 2 * self.anchors
+        return y.view(f.shape[0], -1, 6)
+
+
 class Unsupported(nn.Cell):
     def __init__(self):
         super().__init__()

@@ -84,23 +84,26 @@ def test_deploy_graphs_compute_every_head_as_the_emulation_does(detector, tmp_pa
         np.testing.assert_array_equal(read_back[a], emulated[b])
 
 
-def test_anchor_decoding_runs_through_the_emulation_and_the_deploy_graphs(tmp_path):
-    """A YOLO-style decoding (an anchor grid computed when read, Tile and Stack at run time) after a quantized
-    convolution: the deploy ONNX graph and the deploy MindIR compute it bit for bit as the emulation does."""
+@pytest.mark.parametrize("name,ops,out_shape", [("AnchorDecode", {"Tile", "Stack"}, (2, 3, 2, 16)),
+                                                ("SliceAssignDecode", {"TensorScatterUpdate", "Pow"}, (2, 32, 6))])
+def test_box_decoding_runs_through_the_emulation_and_the_deploy_graphs(tmp_path, name, ops, out_shape):
+    """YOLO-style box decodings after a quantized convolution (YOLOv8's: an anchor grid computed when read,
+    Tile and Stack at run time; YOLOv5's: slice assignment and Pow): the deploy ONNX graph and the deploy
+    MindIR compute them bit for bit as the emulation does."""
     shape = (2, 3, 16, 16)
-    folded = fold_for_quantization(read_mindir(nets.export(nets.AnchorDecode(), tmp_path / "a.mindir", shape=shape)))
+    folded = fold_for_quantization(read_mindir(nets.export(getattr(nets, name)(), tmp_path / "a.mindir", shape=shape)))
     qp = calibrate(folded, [np.random.default_rng(4).normal(size=(8,) + shape[1:]).astype(np.float32)], "minmax")
     assert len(qp.ops) == 1
     x16 = np.random.default_rng(5).normal(size=shape).astype(np.float16)
     emulated = Emulator(folded, qp).outputs(x16)[folded.outputs[0]]
     fp = float_runner(folded).run(x16.astype(np.float32))[folded.outputs[0]]
-    assert emulated.shape == (2, 3, 2, 16) and 0 < np.abs(emulated - fp).max() < 0.05 * np.abs(fp).max()
+    assert emulated.shape == out_shape and 0 < np.abs(emulated - fp).max() < 0.05 * np.abs(fp).max()
     model = deploy_model(folded, qp, "x")
     check_deploy(model)
     np.testing.assert_array_equal(deploy_interpreter.run(model, x16)[0], emulated)
     export_deploy_mindir(quantized_graph(folded, qp), tmp_path)
     back = read_mindir(tmp_path / "deploy.mindir")
-    assert {"Tile", "Stack"} <= set(back.op_counts())
+    assert ops <= set(back.op_counts())
     np.testing.assert_array_equal(Emulator(back).outputs(x16)[back.outputs[0]], emulated)
 
 

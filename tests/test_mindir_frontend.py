@@ -90,6 +90,23 @@ def test_constant_subgraphs_are_computed_once_and_tile_stack_run(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+def test_slice_assignment_and_pow_read_as_scatter_and_pow(tmp_path):
+    """YOLOv5's decoding: ``y[..., 0:2] = ...`` is TensorScatterUpdate with constant int64 indices (built
+    from constants when read), ``** 2`` is Pow; the IR equals MindSpore."""
+    net = nets.SliceAssignDecode()
+    graph = read_mindir(nets.export(net, tmp_path / "v5.mindir"))
+    ops = graph.op_counts()
+    assert ops["TensorScatterUpdate"] == 2 and ops["Pow"] == 1 and ops["Sigmoid"] == 1
+    scatter = [n for n in graph.nodes if n.op == "TensorScatterUpdate"]
+    assert all(graph.initializers[n.inputs[1]].dtype == np.int64 for n in scatter)
+    x = np.random.default_rng(0).normal(size=(2, 3, 16, 16)).astype(np.float32)
+    got = float_runner(graph).run(x)[graph.outputs[0]]
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    want = net(ms.Tensor(x)).asnumpy()
+    assert got.shape == want.shape == (2, 32, 6)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
 def test_unsupported_op_names_type_and_node(tmp_path):
     path = nets.export(nets.Unsupported(), tmp_path / "u.mindir")
     with pytest.raises(UnsupportedNetworkError, match=r"unsupported op 'Cos' at node .*Default/Cos-op0"):

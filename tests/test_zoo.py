@@ -36,28 +36,32 @@ def test_zoo_network_builds_with_quantflow_build(tmp_path, arch, expect):
     assert "SKIPPED atc conversion" in proc.stdout
 
 
-def test_mindyolo_yolov8n_builds_gated_on_every_output(tmp_path):
-    """A real YOLO from MindSpore's model family: mindyolo's YOLOv8-n (C2f, SPPF, FPN/PAN, the anchor-free
-    head with its DFL box decoding) builds with the outputs gate; its anchor grid is computed when read."""
+@pytest.mark.parametrize("arch,convs,expect,shapes", [
+    ("yolov5n", 60, {"SiLU", "Sigmoid", "Pow", "TensorScatterUpdate", "Concat", "MaxPool"},
+     [[1, 1575, 15], [1, 3, 20, 20, 15], [1, 3, 10, 10, 15], [1, 3, 5, 5, 15]]),
+    ("yolov8n", 64, {"SiLU", "Softmax", "Sigmoid", "Split", "Concat", "MaxPool"},
+     [[1, 525, 14], [1, 74, 20, 20], [1, 74, 10, 10], [1, 74, 5, 5]]),
+])
+def test_mindyolo_detector_builds_gated_on_every_output(tmp_path, arch, convs, expect, shapes):
+    """Real YOLOs from MindSpore's model family: mindyolo's YOLOv5-n (C3, SPPF, anchor-based head decoding by
+    slice assignment) and YOLOv8-n (C2f, SPPF, the anchor-free head with DFL boxes) build with the outputs
+    gate: the decoded predictions and the three raw head maps.  Their anchor grids are computed when read."""
     pytest.importorskip("mindyolo")
     from quantflow.demo.zoo import build_project
 
-    toml = build_project("yolov8n", tmp_path / "yolo", calib_per_class=2, eval_per_class=2, verify_images=2,
-                         data_root=REPO)
+    toml = build_project(arch, tmp_path / arch, calib_per_class=2, eval_per_class=2, verify_images=2, data_root=REPO)
     assert 'metric = "outputs"' in toml.read_text() and "num_classes" not in toml.read_text()
-    proc = run_quantflow(tmp_path / "yolo", "build", str(toml))
+    proc = run_quantflow(tmp_path / arch, "build", str(toml))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    latest = json.loads((tmp_path / "yolo" / "build" / "latest.json").read_text())
+    latest = json.loads((tmp_path / arch / "build" / "latest.json").read_text())
     dirs = {k: Path(v) for k, v in latest["artifacts"].items()}
     graph = json.loads((dirs["graph"] / "graph.json").read_text())
     ops = graph["ops"]
-    assert ops["Conv2D"] == 64 and {"SiLU", "Softmax", "Sigmoid", "Split", "Concat", "MaxPool"} <= set(ops)
-    assert not {"Tile", "Stack"} & set(ops)     # the anchor grid: constants once read
+    assert ops["Conv2D"] == convs and expect <= set(ops) and not {"Tile", "Stack"} & set(ops)
     assert graph["verify"]["relative_diff"] < 1e-4
     qparams = json.loads((dirs["calibrate"] / "qparams.json").read_text())
-    assert len(qparams["ops"]) == 64
+    assert len(qparams["ops"]) == convs
     report = json.loads((dirs["gate"] / "accuracy_report.json").read_text())
     assert report["metric"] == "outputs" and report["passed"] and report["images"] == 20
-    # the decoded predictions (525 anchors x 4 box + 10 classes) and the three raw head maps
-    assert [o["shape"] for o in report["outputs"]] == [[1, 525, 14], [1, 74, 20, 20], [1, 74, 10, 10], [1, 74, 5, 5]]
+    assert [o["shape"] for o in report["outputs"]] == shapes
     assert all(0.9 <= o["cosine"] < 1 and o["sqnr_db"] > 20 for o in report["outputs"])

@@ -1,5 +1,5 @@
-"""Model-zoo projects: a mindcv architecture (or mindyolo's YOLOv8-n) as a quantflow project, for trying real
-network graphs.
+"""Model-zoo projects: a mindcv architecture (or mindyolo's YOLOv5-n / YOLOv8-n) as a quantflow project, for
+trying real network graphs.
 
 ``python -m quantflow.demo.zoo resnet18 build/zoo/resnet18 --size 64`` writes
 
@@ -12,8 +12,8 @@ network graphs.
 With random weights accuracy means nothing, so the gate threshold is 1.0 (always passes): a
 zoo project shows that the graph is read, matches MindSpore, calibrates, quantizes and emulates;
 the FP32/INT8 top-1 agreement in its accuracy report says how closely INT8 follows FP32.  A detector
-(``yolov8n``, from mindyolo: ``quantflow.demo.yolo``) gets the outputs gate instead: every head's cosine
-similarity of INT8 to FP32, at ``evaluation.min_cosine`` 0.9.
+(``yolov5n``, ``yolov8n``, from mindyolo: ``quantflow.demo.yolo``) gets the outputs gate instead: every
+output's cosine similarity of INT8 to FP32, at ``evaluation.min_cosine`` 0.9.
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ import numpy as np
 ARCHS = {  # the architectures quantflow is tried on, and the smallest input each takes here
     "resnet18": 64, "mobilenet_v2_100": 64, "mobilenet_v3_small_100": 64, "efficientnet_b0": 64,
     "densenet121": 64, "inception_v3": 96, "shufflenet_v2_x1_0": 64, "regnet_x_200mf": 64, "convnext_tiny": 64,
-    "vit_b_32_224": 224, "yolov8n": 160,
+    "vit_b_32_224": 224, "yolov5n": 160, "yolov8n": 160,
 }
-DETECTORS = {"yolov8n"}   # from mindyolo (quantflow.demo.yolo), gated on every output
+DETECTORS = {"yolov5n", "yolov8n"}   # from mindyolo (quantflow.demo.yolo), gated on every output
 
 TOML = """# quantflow project for {arch} (random weights; see quantflow/demo/zoo.py)
 [model]
@@ -84,9 +84,9 @@ def randomize(net, seed: int = 0):
 
 
 def create(arch: str, num_classes: int = 10):
-    if arch == "yolov8n":
-        from .yolo import yolov8n
-        return yolov8n(num_classes)
+    if arch in DETECTORS:
+        from . import yolo
+        return yolo.create(arch, num_classes)
     from mindcv.models import create_model
     return create_model(arch, num_classes=num_classes, pretrained=False)
 

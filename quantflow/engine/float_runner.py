@@ -15,7 +15,7 @@ import onnx
 from ..errors import UnsupportedNetworkError
 from ..ir import Graph
 from ..ops import get as get_op
-from .onnx_builder import OnnxBuilder
+from .onnx_builder import OnnxBuilder, onnx_type
 
 
 def lower_nodes(graph: Graph, b: OnnxBuilder, nodes=None) -> None:
@@ -45,7 +45,14 @@ def constant_outputs(node, values: dict[str, np.ndarray], infos: dict) -> list[n
     for i in node.inputs:
         b.initializer(i, values[i])
     get_op(node.op, node.name).to_onnx(node, b)
-    model = b.model([], [(o, infos[o].shape, infos[o].dtype) for o in node.outputs])
+    model = b.model([], [])
+    # the element types onnx infers from the constants (MindSpore records no dtype for some nodes' outputs)
+    inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    for o in node.outputs:
+        if o in inferred and inferred[o].type.tensor_type.elem_type:
+            model.graph.output.append(inferred[o])
+        else:
+            model.graph.output.append(onnx.helper.make_tensor_value_info(o, onnx_type(infos[o].dtype), None))
     return [np.asarray(v) for v in session(model, optimize=False).run(list(node.outputs), {})]
 
 

@@ -31,7 +31,8 @@ from .onnx_builder import DEVICE_OPSET, OnnxBuilder
 
 # ONNX operations whose outputs are some of their inputs' values: on float16 values they give float16 values
 VALUE_PRESERVING = {"Relu", "MaxPool", "Max", "Min", "Clip", "Reshape", "Transpose", "Flatten", "Squeeze",
-                    "Unsqueeze", "Concat", "Slice", "Split", "Identity", "Gather", "Expand", "Tile", "Neg", "Abs"}
+                    "Unsqueeze", "Concat", "Slice", "Split", "Identity", "Gather", "Expand", "Tile", "ScatterND",
+                    "Neg", "Abs"}
 
 
 def _needs_rounding(b: OnnxBuilder, n: onnx.NodeProto) -> bool:

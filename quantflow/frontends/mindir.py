@@ -154,10 +154,21 @@ class MindirNodeContext:
         if self.out_infos and self.out_infos[0].dtype.startswith("float"):
             value = self.reader.initializers.get(name)
             if value is not None and not np.issubdtype(value.dtype, np.floating):
-                return self.reader.add_constant(f"{name}:float", value)
+                self.reader.initializers[f"{name}:float"] = value.astype(np.float32)
+                return f"{name}:float"
             if value is None and not self.reader.tensors[name].dtype.startswith("float"):
                 self.fail(f"input {i} is an {self.reader.tensors[name].dtype} tensor computed at run time in float "
                           f"arithmetic; quantflow runs float networks")
+        return name
+
+    def indices(self, i: int) -> str:
+        """Input ``i`` as a constant int64 index tensor (TensorScatterUpdate's indices)."""
+        v = self.args[i] if i < len(self.args) else None
+        value = v.value if isinstance(v, Const) else self.reader.initializers.get(v) if isinstance(v, str) else None
+        if value is None or not np.issubdtype(np.asarray(value).dtype, np.integer):
+            self.fail(f"input {i} (indices) is computed at run time or not integer; quantflow needs constant indices")
+        name = f"{self.node_name}:indices{i}"
+        self.reader.initializers[name] = np.asarray(value, np.int64)
         return name
 
     def tensors(self, i: int) -> list[str]:
@@ -212,9 +223,10 @@ class _Reader:
         return self.tensors[name].shape
 
     def add_constant(self, name: str, value) -> str:
-        # a constant used as a tensor operand (x * 2, x / 4.0) joins float32 arithmetic
+        # a number used as a tensor operand (x * 2, x / 4.0) joins float32 arithmetic; an integer array
+        # (indices, a grid's coordinates) keeps its type (``operand`` promotes it where arithmetic needs)
         arr = np.asarray(value)
-        if arr.dtype != np.float32:
+        if not (isinstance(value, np.ndarray) and np.issubdtype(arr.dtype, np.integer)) and arr.dtype != np.float32:
             arr = arr.astype(np.float32)
         self.initializers[name] = arr
         return name

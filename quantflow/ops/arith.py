@@ -24,10 +24,10 @@ def _infix(symbol: str):
     return lambda n, w: f"({w.x(n, 0)} {symbol} {w.x(n, 1)})"
 
 
-_ONNX = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div"}
+_ONNX = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div", "**": "Pow"}
 for _names, _parse, _symbol in (
         (("Add", "Adds"), _binary, "+"), (("AddExt", "InplaceAddExt"), _add_ext_from_mindir, "+"),
         (("Sub", "Subs"), _binary, "-"), (("Mul", "Muls"), _binary, "*"),
-        (("Div", "RealDiv", "Divs"), _binary, "/")):
+        (("Div", "RealDiv", "Divs"), _binary, "/"), (("Pow",), _binary, "**")):
     for _name in _names:
         register(OpDef(_name, _parse, _simple(_ONNX[_symbol]), to_mindspore=_infix(_symbol)))

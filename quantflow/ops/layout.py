@@ -77,6 +77,21 @@ def _tile_ms(node, w):
 register(OpDef("Tile", _tile_from_mindir, _tile_onnx, to_mindspore=_tile_ms))
 
 
+# ----------------------------------------------------------------------------- TensorScatterUpdate
+# (``y[..., 0:2] = v`` in graph mode: YOLOv5's head writes its decoded boxes into the sigmoid output so)
+
+def _scatter_from_mindir(ctx):
+    return [ctx.tensor(0), ctx.indices(1), ctx.operand(2)], {}
+
+
+def _scatter_ms(node, w):
+    return f"{w.prim('ops.TensorScatterUpdate()')}({w.x(node, 0)}, {w.x(node, 1)}, {w.x(node, 2)})"
+
+
+register(OpDef("TensorScatterUpdate", _scatter_from_mindir,
+               lambda n, b: b.add("ScatterND", n.inputs, n.outputs[0]), to_mindspore=_scatter_ms))
+
+
 # ----------------------------------------------------------------------------- Split / Unstack
 
 def _split_from_mindir(ctx):
