@@ -35,7 +35,7 @@ channel_order = "RGB"        # channel order the network was trained on: RGB, BG
 
 [calibration]
 data_dir = "{calib}"      # {calib_note}
-count = {count}                  # images sampled (seeded, stratified)
+count = {count}                  # images sampled (seeded, stratified){count_note}
 per_class_min = 1            # at least this many of every class (or sub-folder group)
 seed = 0
 method = "mse"               # range method: mse, minmax, percentile or kl
@@ -108,6 +108,17 @@ def _model_io(a) -> tuple[list[int] | None, str | None, list[list] | None]:
     return None, None, None
 
 
+def _image_count(folder: Path, labelled: bool) -> int | None:
+    """How many images the calibration folder holds (per-class folders, or an unlabelled folder), if readable."""
+    from .errors import DataError
+    from .images import scan_class_folders, scan_image_groups
+
+    try:
+        return len(scan_class_folders(folder) if labelled else scan_image_groups(folder))
+    except DataError:
+        return None
+
+
 def _class_count(folder: Path) -> int | None:
     if not folder.is_dir():
         return None
@@ -138,6 +149,8 @@ def write_config(a) -> Path:
     else:
         source = f'entry = "{a.entry}"\ncheckpoint = "{_rel(a.checkpoint, base)}"'
     classes = ((outs[0][-1] if outs else None) or _class_count(a.calib)) if classifier else None
+    found = _image_count(a.calib, classifier)
+    count = min(max(200, classes or 0), found or 10 ** 9)
     evaluation = EVALUATION_TOP1 if classifier else EVALUATION_OUTPUTS
     text = TEMPLATE.format(
         source=source, input_shape=[d or 224 for d in shape] if shape else [1, 3, 224, 224],
@@ -148,7 +161,7 @@ def write_config(a) -> Path:
         calib_note="per-class sub-folders of real images (e.g. {}/cat/*.jpg)".format(_rel(a.calib, base)) if classifier
         else "real images, directly in it or in sub-folders (sampled as groups, e.g. one per camera)",
         evaluation_lines=evaluation.format(eval=_rel(a.eval, base)),
-        calib=_rel(a.calib, base), count=max(200, classes or 0),
+        calib=_rel(a.calib, base), count=count, count_note=f"; all {found} found there" if count == found else "",
         template="static_yuv400_u8.cfg" if shape and shape[1] == 1 else "static_rgb888_u8.cfg",
         frame_order="GRAY" if shape and shape[1] == 1 else "BGR")
     if shape and shape[1] == 1:

@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import cv2
 import numpy as np
 import onnx
 import pytest
@@ -231,6 +232,20 @@ def test_init_gives_a_detector_the_outputs_gate(tmp_path):
     assert cfg.evaluation.metric == "outputs" and cfg.model.num_classes is None and cfg.labelled_classes is None
     assert cfg.evaluation.min_cosine == 0.99 and cfg.evaluation.threshold is None
     assert "[[1, 6, 4, 4], [1, 6, 8, 8]] are gated by evaluation.metric" in out.read_text()
+    assert cfg.calibration.count == 200   # no calibration folder yet: the default
+
+
+def test_init_samples_no_more_calibration_images_than_the_folder_holds(tmp_path):
+    """12 images in two class folders (and a file that is no image): count 12, not the default 200, which
+    the build's sampling would refuse."""
+    _tiny_onnx(tmp_path / "net.onnx", classes=2, size=8)
+    for i in range(12):
+        (tmp_path / "calib" / str(i % 2)).mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(tmp_path / "calib" / str(i % 2) / f"f{i}.png"), np.zeros((8, 8, 3), np.uint8))
+    (tmp_path / "calib" / "0" / "notes.txt").write_text("not an image")
+    out = tmp_path / "quantflow.toml"
+    assert main(["init", "--onnx", str(tmp_path / "net.onnx"), "--calib", str(tmp_path / "calib"), "-o", str(out)]) == 0
+    assert load_config(out).calibration.count == 12 and "; all 12 found there" in out.read_text()
 
 
 def test_init_never_overwrites(tmp_path, capsys):
