@@ -74,6 +74,18 @@ def test_deploy_graph_computes_what_the_emulator_computes(tmp_path, name):
     np.testing.assert_array_equal(deploy_interpreter.run(model, x16)[0], Emulator(graph, qp).logits(x16))
 
 
+@pytest.mark.parametrize("name", ["MobileNetV3Style", "OpZoo"])
+def test_float16_ops_compute_what_the_interpreter_computes_with_nothing_quantized(tmp_path, name):
+    """Every float op on its own float16 values, with no INT8 layer to round the differences away: the
+    emulation's lowerings (their own constants as float16 numbers too: GeLU's 0.044715) equal the
+    interpreter's one-node-at-a-time float16 arithmetic bit for bit."""
+    graph, qp = quantized(name, tmp_path)
+    none = QuantParams(qp.method, [])
+    x16 = np.random.default_rng(10).normal(size=(2, 3, 16, 16)).astype(np.float16)
+    np.testing.assert_array_equal(deploy_interpreter.run(deploy_model(graph, none, "x"), x16)[0],
+                                  Emulator(graph, none).logits(x16))
+
+
 @pytest.mark.parametrize("name", ["ResidualNet", "MobileNetV3Style", "DenseNetStyle", "ShuffleNetStyle", "OpZoo"])
 def test_deploy_mindir_read_back_computes_the_same(tmp_path, name):
     graph, qp = quantized(name, tmp_path)

@@ -46,9 +46,13 @@ def _needs_rounding(b: OnnxBuilder, n: onnx.NodeProto) -> bool:
 
 
 def _float16_node(b: OnnxBuilder, node: Node) -> None:
-    """The node's device lowering, every ONNX operation in it on float16 values (rounded after each)."""
-    first = len(b.nodes)
+    """The node's device lowering, every ONNX operation in it on float16 values (rounded after each), its own
+    float constants (GeLU's 0.044715, ...) float16 numbers as the graph's are."""
+    first, known = len(b.nodes), set(b.initializers)
     get_op(node.op, node.name).to_onnx(node, b)
+    for k in set(b.initializers) - known:
+        if b.initializers[k].dtype == np.float32:
+            b.initializers[k] = b.initializers[k].astype(np.float16).astype(np.float32)
     lowered = b.nodes[first:]
     del b.nodes[first:]
     for n in lowered:
