@@ -153,14 +153,15 @@ class ShuffleNetStyle(nn.Cell):
 
 
 class OpZoo(nn.Cell):
-    """Ops outside the four styles: Sigmoid, SiLU, GeLU, Softmax, LayerNorm, Sub, Div, Pad, Resize,
-    Unstack, Transpose, BroadcastTo, BatchMatMul, AvgPool 'same', dilated and 'valid' convolutions."""
+    """Ops outside the four styles: Sigmoid, SiLU, GeLU, LeakyReLU (Maximum), Minimum, Softmax, LayerNorm, Sub,
+    Div, Pad, Resize, Unstack, Transpose, BroadcastTo, BatchMatMul, AvgPool 'same', dilated and 'valid'
+    convolutions."""
 
     def __init__(self, num_classes=10):
         super().__init__()
         self.c1 = nn.Conv2d(3, 8, 3, pad_mode="valid", has_bias=True)
         self.c2 = nn.Conv2d(8, 8, 3, pad_mode="same", dilation=2, has_bias=True)
-        self.silu, self.gelu, self.sig = nn.SiLU(), nn.GELU(), nn.Sigmoid()
+        self.silu, self.gelu, self.sig, self.leaky = nn.SiLU(), nn.GELU(), nn.Sigmoid(), nn.LeakyReLU(0.1)
         self.pad = nn.Pad(((0, 0), (0, 0), (1, 2), (2, 1)))
         self.avg = nn.AvgPool2d(3, 2, pad_mode="same")
         self.resize = ops.ResizeNearestNeighbor((16, 16))
@@ -172,13 +173,13 @@ class OpZoo(nn.Cell):
     def construct(self, x):
         y = self.silu(self.c1(x))                        # 8 x 14 x 14
         y = self.gelu(self.c2(self.pad(y)))              # 8 x 17 x 17
-        y = self.resize(self.avg(y))                     # 8 x 16 x 16
+        y = self.leaky(self.resize(self.avg(y)))         # 8 x 16 x 16
         n = y.shape[0]
         t = self.ln(y.reshape(n, 8, 16, 16).mean(axis=2))          # n x 8 x 16
         att = self.softmax(self.bmm(t, t) / 4.0)                   # n x 8 x 8
         z = ops.BatchMatMul()(att, t) - self.sig(t)                # n x 8 x 16
         parts = ops.Unstack(axis=1)(z.reshape(n, 2, 4, 16))
-        w = ops.broadcast_to(parts[0][:, :1], (n, 4, 16)) + parts[1]
+        w = ops.minimum(ops.broadcast_to(parts[0][:, :1], (n, 4, 16)) + parts[1], 1.5)
         return self.fc(w.transpose(0, 2, 1).reshape(n, 64))
 
 

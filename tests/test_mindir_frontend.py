@@ -21,8 +21,8 @@ STYLES = {
     "MobileNetV3Style": {"HSwish", "HSigmoid", "ReduceMean", "Mul", "Add"},
     "DenseNetStyle": {"Concat", "AvgPool", "BatchNorm", "ReLU"},
     "ShuffleNetStyle": {"StridedSlice", "Transpose", "Reshape", "Split", "Concat"},
-    "OpZoo": {"SiLU", "GeLU", "Sigmoid", "Softmax", "LayerNorm", "Sub", "Divs", "Pad", "ResizeNearestNeighbor",
-              "Unstack", "Transpose", "BroadcastTo", "BatchMatMul", "AvgPool"},
+    "OpZoo": {"SiLU", "GeLU", "Sigmoid", "Maximum", "Minimum", "Softmax", "LayerNorm", "Sub", "Divs", "Pad",
+              "ResizeNearestNeighbor", "Unstack", "Transpose", "BroadcastTo", "BatchMatMul", "AvgPool"},
 }
 
 

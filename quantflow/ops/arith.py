@@ -24,10 +24,22 @@ def _infix(symbol: str):
     return lambda n, w: f"({w.x(n, 0)} {symbol} {w.x(n, 1)})"
 
 
-_ONNX = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div", "**": "Pow"}
+_ONNX = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div"}
 for _names, _parse, _symbol in (
         (("Add", "Adds"), _binary, "+"), (("AddExt", "InplaceAddExt"), _add_ext_from_mindir, "+"),
         (("Sub", "Subs"), _binary, "-"), (("Mul", "Muls"), _binary, "*"),
-        (("Div", "RealDiv", "Divs"), _binary, "/"), (("Pow",), _binary, "**")):
+        (("Div", "RealDiv", "Divs"), _binary, "/")):
     for _name in _names:
         register(OpDef(_name, _parse, _simple(_ONNX[_symbol]), to_mindspore=_infix(_symbol)))
+
+# YOLOv5's box sizes (``(2 * s) ** 2``); in general the device's Pow is not float32 rounded once
+register(OpDef("Pow", _binary, _simple("Pow"), exact_in_fp16=False, to_mindspore=_infix("**")))
+
+
+def _function(ms_fn: str):
+    return lambda n, w: f"{ms_fn}({w.x(n, 0)}, {w.x(n, 1)})"
+
+
+# nn.LeakyReLU(a) is Maximum(x * a, x) in a MindIR (YOLOv3 / v4 / v7-tiny's activation)
+register(OpDef("Maximum", _binary, _simple("Max"), to_mindspore=_function("ops.maximum")))
+register(OpDef("Minimum", _binary, _simple("Min"), to_mindspore=_function("ops.minimum")))
