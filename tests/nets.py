@@ -183,6 +183,26 @@ class OpZoo(nn.Cell):
         return self.fc(w.transpose(0, 2, 1).reshape(n, 64))
 
 
+class TokenMLP(nn.Cell):
+    """ConvNeXt's block in miniature: a depthwise convolution, then Dense layers over every position, read as
+    a (images x positions, channels) matrix, and back to the feature map."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 4, stride=4, has_bias=True)            # 16x16 -> 8 x 4 x 4
+        self.dw = nn.Conv2d(8, 8, 3, group=8, has_bias=True)
+        self.fc1, self.fc2, self.gelu = nn.Dense(8, 16), nn.Dense(16, 8), nn.GELU()
+        self.head = nn.Dense(8 * 16, num_classes)
+
+    def construct(self, x):
+        y = self.stem(x)
+        n = y.shape[0]
+        t = ops.transpose(self.dw(y), (0, 2, 3, 1)).reshape(n * 16, 8)
+        t = self.fc2(self.gelu(self.fc1(t)))
+        y = y + ops.transpose(t.reshape(n, 4, 4, 8), (0, 3, 1, 2))
+        return self.head(y.reshape(n, -1))
+
+
 class DetectorStyle(nn.Cell):
     """A YOLO-style detector: a SiLU backbone, a feature-pyramid step (1x1 lateral convolution, nearest
     upsampling, concatenation with the finer map) and two detection heads (1x1 convolutions with

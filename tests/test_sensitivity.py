@@ -174,6 +174,25 @@ def test_each_row_is_what_emulating_the_whole_graph_with_that_op_alone_gives(res
         assert np.array_equal(analysed.bias_shift[q.node], shift.mean()), q.node
 
 
+def test_dense_layers_over_positions_run_the_whole_graph(tmp_path):
+    """A Dense over (images x positions, channels), as in ConvNeXt and ViT, cannot be fed from a cut in batches
+    of images: its run emulates the whole graph, and every row is still that of the op alone in INT8."""
+    folded = fold_for_quantization(read_mindir(nets.export(nets.TokenMLP(), tmp_path / "tok.mindir", shape=(1, 3, 16, 16))))
+    x = np.random.default_rng(2).normal(size=(6, 3, 16, 16)).astype(np.float32)
+    qp = calibrate(folded, [x], "minmax")
+    dense = [q for q in qp.ops if q.op == "MatMul" and folded.shape(q.input)[0] != 1]
+    assert len(dense) == 2 and all(_from_its_quant(folded, qp, q.node).inputs == folded.inputs for q in dense)
+    sens = analyse(folded, qp, [x[:3], x[3:]])
+    final = folded.outputs[0]
+    ref = float_runner(folded).run(x)[final]
+    for q in qp.ops:
+        got = Emulator(folded, QuantParams(qp.method, [q])).logits(x.astype(np.float16))
+        output = Agreement()
+        for part in (slice(0, 3), slice(3, 6)):
+            output.add(ref[part], got[part])
+        assert sens.row(q.node)["output"] == output.as_dict(), q.scope
+
+
 @pytest.mark.parametrize("broken_op", [0, 1, 2, 3])
 def test_a_broken_op_ranks_first(residual, analysed, broken_op):
     folded, qp, batches = residual

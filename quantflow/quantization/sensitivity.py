@@ -147,10 +147,15 @@ def _references(graph: Graph, qparams: QuantParams, inputs: list[np.ndarray]) ->
 
 def _from_its_quant(graph: Graph, qparams: QuantParams, node: str) -> Graph:
     """The deploy graph of ``node`` alone in INT8, from its Quant on (what precedes it is the float
-    graph's own nodes); the whole deploy graph where the cut would be fed anything but float tensors."""
+    graph's own nodes); the whole deploy graph where the cut would be fed anything but float tensors with
+    one row per image (a ConvNeXt or ViT Dense reads (images x positions, channels): the runs feed the cut
+    in batches of images)."""
     deploy = quantized_graph(graph, _only(qparams, node))
     tail = deploy.suffix(next(i for i, n in enumerate(deploy.nodes) if n.op == "Quant"))
-    return tail if all(tail.tensors[i].dtype in ("float32", "float16") for i in tail.inputs) else deploy
+    batch = graph.tensors[graph.inputs[0]].shape[:1]
+    per_image = all(tail.tensors[i].dtype in ("float32", "float16") and tail.tensors[i].shape[:1] == batch
+                    for i in tail.inputs)
+    return tail if per_image else deploy
 
 
 def _prefixes(graph: Graph, qparams: QuantParams, inputs: list[np.ndarray], nodes: list[str]) -> list[dict]:
