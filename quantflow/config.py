@@ -13,14 +13,14 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from . import aipp_templates
+from .backends.atc import check_atc_args
 from .errors import ConfigError
+from .quantization.ranges import METHODS
 
 DEFAULT_CONFIG_NAME = "quantflow.toml"
-# the AIPP templates shipped with the package; ``aipp.template`` may name one of them
-PACKAGED_AIPP_TEMPLATES = Path(__file__).resolve().parent / "aipp_templates"
 
-
-RangeMethod = Literal["minmax", "percentile", "kl", "mse"]
+RangeMethod = Literal[tuple(METHODS)]
 
 
 class _Section(BaseModel):
@@ -194,7 +194,6 @@ class BuildSection(_Section):
 
     @model_validator(mode="after")
     def _atc_args(self):
-        from .backends.atc import check_atc_args
         check_atc_args(self.atc_args, self.atc_model)
         return self
 
@@ -283,13 +282,13 @@ class QuantflowConfig(_Section):
 
     @property
     def aipp_template(self) -> Path:
-        """``aipp.template`` as a file: the path as configured when it exists, else the packaged template of that
-        name (a bare name, or the ``aipp_templates/<name>`` of configs written before the templates were packaged);
-        a path that is neither is returned as configured, for the reader to report as missing."""
+        """``aipp.template`` as a file: the path as configured when it exists, else the template of that name
+        shipped with quantflow (a bare name, or the ``aipp_templates/<name>`` of older configs); a path that is
+        neither is returned as configured, for the aipp stage to report as missing."""
         p = self.path(self.aipp.template)
-        packaged = PACKAGED_AIPP_TEMPLATES / Path(self.aipp.template).name
         bare = Path(self.aipp.template).parent in (Path("."), Path("aipp_templates"))
-        return packaged if not p.is_file() and bare and packaged.is_file() else p
+        shipped = aipp_templates.path(Path(self.aipp.template).name) if bare and not p.is_file() else None
+        return shipped or p
 
     @property
     def out(self) -> Path:

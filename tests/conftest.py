@@ -1,70 +1,8 @@
 """Shared fixtures: a copy of the shipped demo project, built once with `doit` for the session."""
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-PROJECT_FILES = ["dodo.py", "quantflow.toml", "calib_data", "eval_data"]
-
-
-def copy_project(dest: Path) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in PROJECT_FILES:
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, dest / name)
-    return dest
-
-
-def clean_env(**extra) -> dict:
-    """The environment of the builds the tests start: no CANN toolkit, and quantflow imported from this tree
-    (whatever checkout an editable install points at)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND")}
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    env.update(extra)
-    return env
-
-
-def run_doit(project: Path, *args: str, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "doit", *args], cwd=project, env=env or clean_env(),
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def run_quantflow(project: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    """The installed command (``python -m quantflow.cli`` is what the ``quantflow`` script runs)."""
-    return subprocess.run([sys.executable, "-m", "quantflow.cli", *args], cwd=project, env=clean_env(),
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def onnx_config(demo: Path, onnx_name: str) -> str:
-    """The demo's configuration (in folder ``demo``) with model.onnx instead of entry + checkpoint and no [train]
-    section."""
-    text = (demo / "quantflow.toml").read_text()
-    text = re.sub(r'entry = "quantflow.demo.net:build"\ncheckpoint = "[^"]+"', f'onnx = "{onnx_name}"', text)
-    return text.split("[train]")[0]
-
-
-def task_lines(output: str) -> dict[str, str]:
-    """doit's per-task status lines: {'train': 'ran' | 'up-to-date' | 'ignored'}."""
-    status = {}
-    for line in output.splitlines():
-        if line.startswith(".  "):
-            status[line[3:].strip()] = "ran"
-        elif line.startswith("-- "):
-            status[line[3:].strip()] = "up-to-date"
-        elif line.startswith("!! "):
-            status[line[3:].strip()] = "ignored"
-    return status
+from support.project import copy_project, run_doit
 
 
 @pytest.fixture(scope="session")
@@ -85,6 +23,7 @@ def demo_cfg(built_demo):
 @pytest.fixture(scope="session")
 def demo_net(demo_cfg):
     import mindspore as ms
-    from quantflow.model import build_network
+
+    from quantflow.frontends.network import build_network
     ms.set_context(mode=ms.PYNATIVE_MODE)
     return build_network(demo_cfg)

@@ -124,37 +124,41 @@ def write_export(kdir, air: bool, reason: str = "no Ascend backend"):
         "deploy_air": "deploy.air" if air else None, "fp32_onnx": "graph.onnx", "deploy_onnx": "deploy.onnx"}))
 
 
-def set_build(pipeline, monkeypatch, **build):
-    cfg = pipeline._state["cfg"]
-    monkeypatch.setitem(pipeline._state, "cfg", cfg.model_copy(update={"build": cfg.build.model_copy(update=build)}))
+def set_build(b, **build):
+    b.cfg = b.cfg.model_copy(update={"build": b.cfg.build.model_copy(update=build)})
 
 
 @pytest.fixture
 def atc_stage(tmp_path, monkeypatch):
-    """quantflow.pipeline.tasks' atc action on a prepared artifact folder."""
+    """The atc stage as its doit task runs it, on a prepared artifact folder that is every stage's folder
+    (export.json and aipp.cfg sit beside atc.json): (the build, the task's action, the folder)."""
     from quantflow.config import config_from_dict
-    from quantflow.pipeline import tasks as pipeline
+    from quantflow.pipeline import doit_graph
+    from quantflow.pipeline.build import Build
+    from quantflow.tasks import STAGES
+
+    class OneFolder(Build):
+        def dir(self, name, create=True):
+            return kdir
 
     d = tomllib.loads((REPO / "quantflow.toml").read_text())
-    cfg = config_from_dict(d, root=tmp_path)
     kdir = tmp_path / "build" / "artifacts" / "k"
     kdir.mkdir(parents=True)
     (kdir / "aipp.cfg").write_text("aipp_op {\n}\n")
-    from quantflow.pipeline.cache import UPSTREAM
-    # every stage's folder is kdir: export.json and aipp.cfg sit beside atc.json
-    monkeypatch.setattr(pipeline, "_state", {"cfg": cfg, "keys": {stage: ("k", kdir) for stage in UPSTREAM}})
-    return pipeline, kdir
+    b = OneFolder(config_from_dict(d, root=tmp_path))
+    monkeypatch.setitem(doit_graph._bound, "build", b)
+    return b, doit_graph._action(STAGES["atc"]), kdir
 
 
 @pytest.mark.parametrize("atc_model,air,model,framework", [
     ("int8", False, "deploy.onnx", 5), ("int8", True, "deploy.air", 1),
     ("fp32", False, "graph.onnx", 5), ("fp32", True, "model.air", 1)])
 def test_stage_converts_the_configured_model(fake_atc, atc_stage, monkeypatch, atc_model, air, model, framework):
-    pipeline, kdir = atc_stage
+    b, run, kdir = atc_stage
     exe, log = fake_atc
-    set_build(pipeline, monkeypatch, atc_model=atc_model)
+    set_build(b, atc_model=atc_model)
     write_export(kdir, air=air)
-    assert pipeline.do_atc() is None
+    assert run() is None
     status = json.loads((kdir / "atc.json").read_text())
     assert status["status"] == "built" and status["om"] == "model.om" and (kdir / "model.om").is_file()
     assert status["input"] == model and status["framework"] == framework
@@ -164,15 +168,16 @@ def test_stage_converts_the_configured_model(fake_atc, atc_stage, monkeypatch, a
     assert args == [f"--model={kdir / model}", f"--framework={framework}", f"--output={scratch / 'model'}",
                     "--soc_version=Ascend310P3", f"--insert_op_conf={kdir / 'aipp.cfg'}",
                     "--precision_mode=allow_fp32_to_fp16", "--input_shape=x:1,3,32,32"]
-    assert pipeline._atc_uptodate()
+    from quantflow.tasks import STAGES
+    assert STAGES["atc"].uptodate(b) and (kdir / ".atc.done").is_file()
 
 
 def test_stage_skips_plainly_and_writes_no_om(atc_stage, monkeypatch, capsys):
-    pipeline, kdir = atc_stage
+    b, run, kdir = atc_stage
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
     write_export(kdir, air=True)
-    assert pipeline.do_atc() is None
+    assert run() is None
     out = capsys.readouterr().out
     assert "SKIPPED atc conversion for Ascend310P3: atc (CANN toolkit) not found" in out
     assert "no .om was written" in out
@@ -181,30 +186,30 @@ def test_stage_skips_plainly_and_writes_no_om(atc_stage, monkeypatch, capsys):
 
 
 def test_stage_skip_fails_when_an_om_is_required(atc_stage, monkeypatch):
-    pipeline, kdir = atc_stage
+    b, run, kdir = atc_stage
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
-    set_build(pipeline, monkeypatch, require_om=True)
+    set_build(b, require_om=True)
     write_export(kdir, air=False)
-    failed = pipeline.do_atc()
+    failed = run()
     assert failed is not None and "require_om" in str(failed) and "atc (CANN toolkit) not found" in str(failed)
 
 
 def test_stage_failure_reports_atc_text(fake_atc, atc_stage, monkeypatch):
-    pipeline, kdir = atc_stage
+    b, run, kdir = atc_stage
     monkeypatch.setenv("FAKE_ATC_MODE", "fail")
     write_export(kdir, air=True)
-    failed = pipeline.do_atc()
+    failed = run()
     assert failed is not None and "E10001" in str(failed)
     assert not (kdir / ".atc.done").exists()
 
 
 def test_extra_atc_args_are_passed_after_quantflow_own(fake_atc, atc_stage, monkeypatch):
-    pipeline, kdir = atc_stage
+    b, run, kdir = atc_stage
     exe, log = fake_atc
-    set_build(pipeline, monkeypatch, atc_args=("--fusion_switch_file=fusion.cfg", "--buffer_optimize=off_optimize"))
+    set_build(b, atc_args=("--fusion_switch_file=fusion.cfg", "--buffer_optimize=off_optimize"))
     write_export(kdir, air=False)
-    assert pipeline.do_atc() is None
+    assert run() is None
     args = json.loads(log.read_text().splitlines()[0])
     assert args[-2:] == ["--fusion_switch_file=fusion.cfg", "--buffer_optimize=off_optimize"]
     assert json.loads((kdir / "atc.json").read_text())["command"][-2:] == args[-2:]

@@ -1,5 +1,5 @@
 """The benchmark runs end to end (small sizes); its figures are reported, never asserted as speeds."""
-from quantflow import bench
+from benchmarks import bench
 
 
 def test_benchmark_runs_and_reports_every_column(tmp_path):

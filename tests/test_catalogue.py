@@ -6,9 +6,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from support.project import run_doit
 
-from conftest import run_doit
-from quantflow.config import PACKAGED_AIPP_TEMPLATES
+from quantflow import aipp_templates
 
 
 def _toml_syntax(p: Path) -> str:
@@ -66,7 +66,7 @@ def _aipp_out_of_range(p: Path) -> str:
     from quantflow.backends.aipp import aipp_values, render
 
     values = aipp_values((1, 3, 32, 32), [0.471, 0.463, 0.467], [0.257, 0.26, 0.26], "0-1", "RGB", "BGR")
-    text = render(PACKAGED_AIPP_TEMPLATES / "static_rgb888_u8.cfg", {**values, "mean_chn_0": "300"})
+    text = render(aipp_templates.path("static_rgb888_u8.cfg"), {**values, "mean_chn_0": "300"})
     (p / "my_aipp.cfg").write_text(text)
     toml = p / "quantflow.toml"
     toml.write_text(toml.read_text().replace('input_channel_order = "BGR"',

@@ -12,11 +12,11 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from support.project import REPO, clean_env, onnx_config, run_quantflow, task_lines
 
-from conftest import REPO, clean_env, onnx_config, run_quantflow, task_lines
 from quantflow.cli import main
 from quantflow.config import load_config
-from quantflow.pipeline.tasks import DEFAULT_TASKS
+from quantflow.pipeline.doit_graph import DEFAULT_TASKS
 
 IMAGES_PER_CLASS = 6
 
@@ -82,7 +82,7 @@ def tiny(tmp_path_factory):
 
 def test_a_folder_with_only_config_model_and_images_builds(tiny):
     project, proc = tiny
-    assert task_lines(proc.stdout) == {t: "up-to-date" if t == "train" else "ran" for t in DEFAULT_TASKS}
+    assert task_lines(proc.stdout) == {t: "ran" for t in DEFAULT_TASKS if t != "train"}  # no [train]: no train task
     latest = _latest(project)
     assert latest["gate"]["passed"] is True
     assert all(Path(d).is_relative_to(project / "build") for d in latest["artifacts"].values())
@@ -90,7 +90,7 @@ def test_a_folder_with_only_config_model_and_images_builds(tiny):
     assert not (project / "dodo.py").exists() and not (project / ".doit.db").exists()
     again = run_quantflow(project, "build")
     assert again.returncode == 0, again.stderr
-    assert task_lines(again.stdout) == {t: "up-to-date" for t in DEFAULT_TASKS}
+    assert task_lines(again.stdout) == {t: "up-to-date" for t in DEFAULT_TASKS if t != "train"}
 
 
 def test_report_prints_the_accuracy_report_and_the_gate_verdict(tiny):
@@ -171,8 +171,8 @@ def test_a_three_line_dodo_py_runs_the_same_graph_with_doits_parallel_tasks(tiny
     import sys
 
     project, _ = tiny
-    (project / "dodo.py").write_text("from quantflow.pipeline.tasks import *  # noqa: F401,F403\n"
-                                     "from quantflow.pipeline.tasks import doit_config\n"
+    (project / "dodo.py").write_text("from quantflow.pipeline.doit_graph import *  # noqa: F401,F403\n"
+                                     "from quantflow.pipeline.doit_graph import doit_config\n"
                                      "DOIT_CONFIG = doit_config()\n")
     config = _variant(project, "n.toml", output_dir='"build_n"')
     try:
@@ -181,7 +181,7 @@ def test_a_three_line_dodo_py_runs_the_same_graph_with_doits_parallel_tasks(tiny
     finally:
         (project / "dodo.py").unlink()
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert task_lines(proc.stdout) == {t: "up-to-date" if t == "train" else "ran" for t in DEFAULT_TASKS}
+    assert task_lines(proc.stdout) == {t: "ran" for t in DEFAULT_TASKS if t != "train"}  # no [train]: no train task
     first, parallel = _latest(project), _latest(project, "build_n")
     assert parallel["gate"] == first["gate"]
     for artifact in ("qparams", "deploy_onnx", "record", "aipp_config"):

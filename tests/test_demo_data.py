@@ -2,8 +2,8 @@ from pathlib import Path
 
 import numpy as np
 
+from quantflow.data.images import load_images, scan_class_folders
 from quantflow.demo import data
-from quantflow.images import load_images, scan_class_folders
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,7 +31,7 @@ def test_eval_set_is_held_out_from_training():
 
 def test_preprocess_matches_declared_normalization():
     from quantflow.config import load_config
-    from quantflow.images import preprocess
+    from quantflow.data.images import preprocess
 
     cfg = load_config(REPO / "quantflow.toml")
     n = cfg.normalization

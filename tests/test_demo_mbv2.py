@@ -3,7 +3,7 @@ import json
 import shutil
 from pathlib import Path
 
-from conftest import REPO, copy_project, run_doit, task_lines
+from support.project import REPO, copy_project, run_doit, task_lines
 from test_deploy import check_built_deploy
 
 

@@ -9,16 +9,15 @@ import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
+from support import deploy_interpreter, nets
 
-import deploy_interpreter
-import nets
 from quantflow.backends.aipp import parse
 from quantflow.backends.deploy_mindspore import export_deploy_mindir
 from quantflow.backends.deploy_onnx import check_deploy, deploy_model, record_text
+from quantflow.data.images import load_images, scan_class_folders
+from quantflow.engine.aipp import aipp_batch
 from quantflow.engine.int8_emulator import Emulator
 from quantflow.frontends.mindir import read_mindir
-from quantflow.pipeline.gate import aipp_batch
-from quantflow.images import load_images, scan_class_folders
 from quantflow.quantization.calibrater import calibrate
 from quantflow.quantization.deploy import quantized_graph
 from quantflow.quantization.passes import fold_for_quantization
@@ -43,7 +42,7 @@ def quantized(name: str, tmp_path):
 
 def test_deploy_graph_format(tmp_path):
     graph, qp = quantized("ResNetStyle", tmp_path)
-    model = deploy_model(graph, qp, "x")
+    model = deploy_model(quantized_graph(graph, qp), "x")
     check_deploy(model)
     assert model.opset_import[0].domain == "" and model.opset_import[0].version <= 13
     assert model.graph.input[0].name == "x"
@@ -69,9 +68,9 @@ def test_deploy_graph_format(tmp_path):
                                   "ShuffleNetStyle", "OpZoo"])
 def test_deploy_graph_computes_what_the_emulator_computes(tmp_path, name):
     graph, qp = quantized(name, tmp_path)
-    model = deploy_model(graph, qp, "x")
+    model = deploy_model(quantized_graph(graph, qp), "x")
     x16 = np.random.default_rng(8).normal(size=(2, 3, 16, 16)).astype(np.float16)
-    np.testing.assert_array_equal(deploy_interpreter.run(model, x16)[0], Emulator(graph, qp).logits(x16))
+    np.testing.assert_array_equal(deploy_interpreter.run(model, x16)[0], Emulator(quantized_graph(graph, qp)).logits(x16))
 
 
 @pytest.mark.parametrize("name", ["MobileNetV3Style", "OpZoo"])
@@ -82,8 +81,8 @@ def test_float16_ops_compute_what_the_interpreter_computes_with_nothing_quantize
     graph, qp = quantized(name, tmp_path)
     none = QuantParams(qp.method, [])
     x16 = np.random.default_rng(10).normal(size=(2, 3, 16, 16)).astype(np.float16)
-    np.testing.assert_array_equal(deploy_interpreter.run(deploy_model(graph, none, "x"), x16)[0],
-                                  Emulator(graph, none).logits(x16))
+    np.testing.assert_array_equal(deploy_interpreter.run(deploy_model(quantized_graph(graph, none), "x"), x16)[0],
+                                  Emulator(quantized_graph(graph, none)).logits(x16))
 
 
 @pytest.mark.parametrize("name", ["ResidualNet", "MobileNetV3Style", "DenseNetStyle", "ShuffleNetStyle", "OpZoo"])
@@ -125,7 +124,7 @@ def check_built_deploy(latest: dict, eval_dir: Path, every: int = 36) -> int:
     items = scan_class_folders(eval_dir, 10)[::every]
     images = load_images([i.path for i in items], 3, 32, 32)
     x16 = aipp_batch(parse((dirs["aipp"] / "aipp.cfg").read_text()), images, "BGR").astype(np.float16)
-    emulated = Emulator(graph, qp).logits(x16)
+    emulated = Emulator(quantized_graph(graph, qp)).logits(x16)
     got = np.concatenate([deploy_interpreter.run(model, x16[i:i + 1])[0] for i in range(len(x16))])
     np.testing.assert_array_equal(got, emulated)
     np.testing.assert_array_equal(Emulator(read_mindir(kdir / "deploy.mindir")).logits(x16), emulated)

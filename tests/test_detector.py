@@ -11,14 +11,13 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 import pytest
+from support import deploy_interpreter, nets
+from support.project import REPO, run_quantflow
 
-import deploy_interpreter
-import nets
-from conftest import REPO, run_quantflow
 from quantflow.backends.deploy_mindspore import export_deploy_mindir
 from quantflow.backends.deploy_onnx import check_deploy, deploy_model
-from quantflow.engine.float_runner import float_runner
 from quantflow.engine.int8_emulator import Emulator
+from quantflow.engine.runner import float_runner
 from quantflow.frontends.mindir import read_mindir
 from quantflow.quantization.calibrater import calibrate
 from quantflow.quantization.deploy import quantized_graph
@@ -58,7 +57,7 @@ def test_every_head_quantizes_and_emulates_close_to_fp32(detector):
     assert len(qp.ops) == sum(1 for n in folded.nodes if n.op == "Conv2D") == 7
     x = np.random.default_rng(1).normal(size=(8,) + SHAPE[1:]).astype(np.float32)
     fp = float_runner(graph).run(x)
-    q = Emulator(folded, qp).outputs(x.astype(np.float16))
+    q = Emulator(quantized_graph(folded, qp)).outputs(x.astype(np.float16))
     for name in graph.outputs:
         diff = np.abs(fp[name] - q[name])
         # Sigmoid outputs in (0, 1): INT8 moves each by a few hundredths at most, on average by a small
@@ -69,8 +68,8 @@ def test_every_head_quantizes_and_emulates_close_to_fp32(detector):
 def test_deploy_graphs_compute_every_head_as_the_emulation_does(detector, tmp_path):
     _, _, folded, qp = detector
     x16 = np.random.default_rng(2).normal(size=SHAPE).astype(np.float16)
-    emulated = Emulator(folded, qp).outputs(x16)
-    model = deploy_model(folded, qp, "x")
+    emulated = Emulator(quantized_graph(folded, qp)).outputs(x16)
+    model = deploy_model(quantized_graph(folded, qp), "x")
     check_deploy(model)
     assert len(model.graph.output) == len(HEADS)
     for got, name in zip(deploy_interpreter.run(model, x16), folded.outputs):
@@ -95,10 +94,10 @@ def test_box_decoding_runs_through_the_emulation_and_the_deploy_graphs(tmp_path,
     qp = calibrate(folded, [np.random.default_rng(4).normal(size=(8,) + shape[1:]).astype(np.float32)], "minmax")
     assert len(qp.ops) == 1
     x16 = np.random.default_rng(5).normal(size=shape).astype(np.float16)
-    emulated = Emulator(folded, qp).outputs(x16)[folded.outputs[0]]
+    emulated = Emulator(quantized_graph(folded, qp)).outputs(x16)[folded.outputs[0]]
     fp = float_runner(folded).run(x16.astype(np.float32))[folded.outputs[0]]
     assert emulated.shape == out_shape and 0 < np.abs(emulated - fp).max() < 0.05 * np.abs(fp).max()
-    model = deploy_model(folded, qp, "x")
+    model = deploy_model(quantized_graph(folded, qp), "x")
     check_deploy(model)
     np.testing.assert_array_equal(deploy_interpreter.run(model, x16)[0], emulated)
     export_deploy_mindir(quantized_graph(folded, qp), tmp_path)
@@ -116,7 +115,7 @@ def test_the_per_layer_analysis_weighs_every_head(detector):
     out_of = {n.name: n.outputs[0] for n in folded.nodes}
     fp32 = float_runner(folded, [out_of[q.node] for q in qp.ops])
     for q in qp.ops:
-        emu = Emulator(folded, QuantParams(qp.method, [q]))
+        emu = Emulator(quantized_graph(folded, QuantParams(qp.method, [q])))
         pooled, each = Agreement(), {o: Agreement() for o in folded.outputs}
         for batch in (x[:2], x[2:]):
             ref, got = fp32.run(batch), emu.outputs(batch.astype(np.float16))

@@ -1,8 +1,8 @@
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
+from support import nets
 
-import nets
 from quantflow.backends.export import ascend_available, export_air, export_mindir
 
 

@@ -19,8 +19,7 @@ import cv2
 import numpy as np
 import onnx
 import pytest
-
-from conftest import REPO, copy_project, run_doit
+from support.project import REPO, copy_project, run_doit
 
 EXAMPLE = "examples/mobilenet_v1_weak"
 SECTIONS = ("verdict", "per-class", "sensitivity", "histograms", "fallback")

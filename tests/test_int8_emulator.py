@@ -3,17 +3,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support import ascend_reference as ref
+from support import nets
 
-import ascend_reference as ref
-import nets
-from quantflow.engine.float_runner import Runner, float_runner
-from quantflow.engine.int8_emulator import Emulator, emulation_model
-from quantflow.frontends.mindir import read_mindir
-from quantflow.quantization.calibrater import calibrate
+from quantflow.engine.int8_emulator import Emulator
+from quantflow.engine.lowering import lower
+from quantflow.engine.runner import Runner, float_runner
 from quantflow.errors import UnsupportedNetworkError
+from quantflow.frontends.mindir import read_mindir
 from quantflow.ir import Graph, Node, TensorInfo
 from quantflow.quantization import scheme
-from quantflow.quantization.calibrater import Calibrater, quantize
+from quantflow.quantization.calibrater import Calibrater, calibrate, quantize
 from quantflow.quantization.deploy import quantized_graph
 from quantflow.quantization.passes import fold_for_quantization
 from quantflow.quantization.qparams import QuantizedOp, QuantParams
@@ -57,7 +57,7 @@ def test_quantized_ops_are_the_convolutions_and_the_dense(residual):
 def test_emulation_is_bit_exact_against_the_reference(residual):
     _, folded, qp = residual
     x16 = np.random.default_rng(2).normal(size=(24, 3, 16, 16)).astype(np.float16)
-    got = Emulator(folded, qp).logits(x16)
+    got = Emulator(quantized_graph(folded, qp)).logits(x16)
     want = reference_forward(x16, qp).astype(np.float32)
     assert got.dtype == np.float32 and np.all(got.astype(np.float16) == got)  # float16 values
     np.testing.assert_array_equal(got, want)
@@ -65,9 +65,9 @@ def test_emulation_is_bit_exact_against_the_reference(residual):
 
 def test_optimized_emulation_keeps_every_rounding_and_equals_the_unoptimized_graph(residual):
     _, folded, qp = residual
-    emulator = Emulator(folded, qp)
+    emulator = Emulator(quantized_graph(folded, qp))
     assert emulator.optimized  # onnxruntime's rewrites passed the vetting on this residual/depthwise net
-    model = emulation_model(emulator.graph)
+    model = lower(emulator.graph, "float16")
     plain = Runner(model, model.graph.input[0].name, emulator.batch, optimize=False, input_dtype=np.float16)
     x16 = np.random.default_rng(6).normal(size=(16, 3, 16, 16)).astype(np.float16)
     np.testing.assert_array_equal(emulator.logits(x16), plain.run(x16)[folded.outputs[0]])
@@ -75,7 +75,7 @@ def test_optimized_emulation_keeps_every_rounding_and_equals_the_unoptimized_gra
 
 def test_a_vetting_that_refuses_runs_the_graph_unoptimized(residual):
     _, folded, qp = residual
-    model = emulation_model(quantized_graph(folded, qp))
+    model = lower(quantized_graph(folded, qp), "float16")
     feed = model.graph.input[0].name
     assert not Runner(model, feed, 16, keeps=lambda optimized: False).optimized
     assert Runner(model, feed, 16, keeps=lambda optimized: True).optimized
@@ -85,7 +85,7 @@ def test_emulation_tracks_fp32(residual):
     graph, folded, qp = residual
     x = np.random.default_rng(3).normal(size=(32, 3, 16, 16)).astype(np.float32)
     fp = float_runner(graph).run(x)[graph.outputs[0]]
-    q = Emulator(folded, qp).logits(x.astype(np.float16))
+    q = Emulator(quantized_graph(folded, qp)).logits(x.astype(np.float16))
     assert np.abs(fp - q).max() < 0.05 * np.abs(fp).max()
     assert np.abs(fp - q).max() > 0  # it is a quantized result, not the float one
 
@@ -107,7 +107,7 @@ def test_quant_rounds_half_to_even_and_saturates():
                     np.zeros(1, np.int32), np.ones(1, np.float32))
     x = np.zeros((4, 1, 6, 6), np.float16)
     x[0, 0, 0, :6] = [2.5, 3.5, -2.5, -3.5, 1000.0, -1000.0]
-    y = Emulator(graph, QuantParams("minmax", [q])).logits(x)
+    y = Emulator(quantized_graph(graph, QuantParams("minmax", [q]))).logits(x)
     np.testing.assert_array_equal(y[0, 0, 0, :6], [2, 4, -2, -4, 127, -128])
 
 
@@ -123,7 +123,7 @@ def test_large_layers_stay_exact_beyond_float32_integers():
     q = qp.ops[0]
     assert np.abs(q.weight.astype(np.int64)).sum(axis=(1, 2, 3)).max() * 255 > 2 ** 24
     x16 = x[:4].astype(np.float16)
-    got = Emulator(graph, qp).logits(x16)
+    got = Emulator(quantized_graph(graph, qp)).logits(x16)
     want = ref.quantized_conv(x16, q, {"strides": (1, 1), "pads": (1, 1, 1, 1), "dilations": (1, 1), "group": 1})
     np.testing.assert_array_equal(got, want.astype(np.float32))
 
@@ -164,7 +164,7 @@ def test_every_style_quantizes_and_emulates_close_to_fp32(tmp_path, name):
     assert len(qp.ops) == sum(1 for n in folded.nodes if n.op in ("Conv2D", "MatMul"))
     x = rng.normal(size=(16, 3, 16, 16)).astype(np.float32)
     fp = float_runner(graph).run(x)[graph.outputs[0]]
-    q = Emulator(folded, qp).logits(x.astype(np.float16))
+    q = Emulator(quantized_graph(folded, qp)).logits(x.astype(np.float16))
     err = np.abs(fp - q).max() / np.abs(fp).max()
     assert 0 < err < 0.1, err
 

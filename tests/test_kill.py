@@ -1,7 +1,7 @@
 """Builds killed with SIGKILL at many points of every stage: the next `doit` finishes with the outputs of an
 undisturbed build, and nothing half-written is ever taken as done.
 
-Kill points are deterministic: quantflow.pipeline.atomic's test hook (QUANTFLOW_TEST_KILL_AT) kills
+Kill points are deterministic: quantflow.io.atomic's test hook (QUANTFLOW_TEST_KILL_AT) kills
 the process at the first atomic write whose path contains the given text, just before the rename
 (the temporary file complete, the real name not yet there) or just after it.  The points are chained
 in one project, each run resuming what the previous one left; a second project is killed at seeded
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.project import clean_env, copy_project, run_doit
 
-from conftest import clean_env, copy_project, run_doit
 from quantflow.frontends.mindir import read_mindir
-from quantflow.pipeline import atomic
+from quantflow.io import atomic
 
 # (text in the written path, moment) in pipeline order: at least one point in every stage
 KILL_POINTS = [

@@ -3,11 +3,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from quantflow.tasks.calibrate import _check_patterns
+from support import nets
 
-import nets
 from quantflow.errors import ConfigError
 from quantflow.frontends.mindir import read_mindir
-from quantflow.pipeline.stages import _check_patterns
 from quantflow.quantization.calibrater import calibrate, quantizable_nodes
 from quantflow.quantization.deploy import quantized_graph
 from quantflow.quantization.passes import fold_for_quantization

@@ -11,11 +11,11 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
+from quantflow.tasks.inputs import evaluation_set, image_batches
 
 from quantflow.backends.aipp import parse
+from quantflow.evaluation.metrics import metric
 from quantflow.frontends.mindir import read_mindir
-from quantflow.images import ImageBatches
-from quantflow.pipeline.gate import evaluate
 from quantflow.quantization.calibrater import calibrate
 from quantflow.quantization.passes import fold_for_quantization
 from quantflow.quantization.qparams import QuantParams
@@ -50,7 +50,7 @@ def test_calibration_memory_does_not_grow_with_the_images(built_demo, demo_cfg):
     folded = fold_for_quantization(read_mindir(_artifacts(built_demo[0])["graph"] / "model.mindir"))
     paths = sorted(demo_cfg.path(demo_cfg.evaluation.data_dir).rglob("*.png"))[:128]
     assert len(paths) == 128
-    peaks = {n: _peak(lambda: calibrate(folded, ImageBatches.for_config(demo_cfg, paths * n, 32), "kl"))
+    peaks = {n: _peak(lambda: calibrate(folded, image_batches(demo_cfg, paths * n, 32), "kl"))
              for n in (1, TIMES)}
     image_bytes = 3 * 32 * 32 * (1 + 4)
     assert peaks[TIMES] - peaks[1] < 0.1 * (TIMES - 1) * len(paths) * image_bytes, peaks
@@ -68,7 +68,8 @@ def test_gate_memory_does_not_grow_with_the_images(built_demo, demo_cfg, tmp_pat
     for n in (1, TIMES):
         folder = _replicated(src, tmp_path / f"x{n}", n)
         cfg = demo_cfg.model_copy(update={"evaluation": demo_cfg.evaluation.model_copy(update={"data_dir": folder})})
-        peaks[n] = _peak(lambda: reports.__setitem__(n, evaluate(cfg, graph, folded, qp, aipp)))
+        peaks[n] = _peak(lambda: reports.__setitem__(n, metric("top1").evaluate(evaluation_set(cfg), cfg.evaluation, graph,
+                                                                                  folded, qp, aipp)))
     assert reports[TIMES]["images"] == TIMES * reports[1]["images"] == TIMES * n_images
     assert np.isclose(reports[TIMES]["int8_top1"], reports[1]["int8_top1"])
     image_bytes = 3 * 32 * 32 * (1 + 4 + 2)  # uint8, preprocessed float32, AIPP float16

@@ -1,7 +1,7 @@
 """The range-method comparison command runs (its figures are reported in the README, not asserted)."""
 import math
 
-from quantflow import methods
+from benchmarks import methods
 
 
 def test_zoo_comparison_reports_every_method(tmp_path):

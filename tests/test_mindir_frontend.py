@@ -3,16 +3,16 @@ from __future__ import annotations
 
 import re
 
+import mindspore as ms
 import numpy as np
 import pytest
-import mindspore as ms
+from quantflow.tasks.graph import verify_graph
+from support import nets
 
-import nets
-from quantflow.engine.float_runner import float_runner
+from quantflow.engine.runner import float_runner
 from quantflow.errors import UnsupportedNetworkError
 from quantflow.frontends.mindir import read_mindir
 from quantflow.frontends.source import mindspore_outputs
-from quantflow.pipeline.stages import verify_graph
 from quantflow.quantization.passes import fold_for_quantization
 
 PLUMBING = {"Load", "Depend", "UpdateState", "MakeTuple", "TupleGetItem", "Constant"}

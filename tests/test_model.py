@@ -6,7 +6,7 @@ import pytest
 
 from quantflow.config import config_from_dict
 from quantflow.errors import ConfigError, QuantflowError
-from quantflow.model import build_network, load_entry
+from quantflow.frontends.network import build_network, load_entry
 
 REPO = Path(__file__).resolve().parents[1]
 

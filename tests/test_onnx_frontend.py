@@ -12,8 +12,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from quantflow.backends.deploy_mindspore import export_deploy_mindir
 from quantflow.backends.deploy_onnx import check_deploy, deploy_model
-from quantflow.engine.float_runner import float_runner, to_onnx
 from quantflow.engine.int8_emulator import Emulator
+from quantflow.engine.lowering import lower
+from quantflow.engine.runner import float_runner
 from quantflow.errors import UnsupportedNetworkError
 from quantflow.frontends.mindir import read_mindir
 from quantflow.frontends.onnx_model import read_onnx
@@ -177,7 +178,7 @@ def test_network_reads_runs_folds_calibrates_and_emulates(name, tmp_path, images
     qp = calibrate(folded, [images], "minmax")
     assert len(qp.ops) == n_quantized and {q.op for q in qp.ops} <= {"Conv2D", "MatMul"}
     assert all(len(folded.node(q.node).inputs) == 3 for q in qp.ops)   # every bias fused (BN folded, BiasAdd)
-    q = Emulator(folded, qp).logits(images.astype(np.float16))
+    q = Emulator(quantized_graph(folded, qp)).logits(images.astype(np.float16))
     assert q.shape == want.shape and np.abs(q - want).max() < 0.1 * np.abs(want).max()
     assert np.mean(q.argmax(1) == want.argmax(1)) >= 0.8
 
@@ -189,7 +190,7 @@ def test_deploy_graphs_of_an_onnx_model(name, tmp_path, images):
     model, _, _ = NETWORKS[name]()
     folded = fold_for_quantization(read_onnx(model))
     qp = calibrate(folded, [images], "minmax")
-    check_deploy(deploy_model(folded, qp, "x"))
+    check_deploy(deploy_model(quantized_graph(folded, qp), "x"))
     deploy = quantized_graph(folded, qp)
     assert export_deploy_mindir(deploy, tmp_path)["deploy_mindir"] == "deploy.mindir"
     x16 = images[:4].astype(np.float16)
@@ -284,11 +285,12 @@ def test_more_ops_match_onnxruntime():
 
 @pytest.mark.parametrize("name", ["ResNetStyle", "MobileNetV3Style", "DenseNetStyle", "ShuffleNetStyle"])
 def test_the_fp32_onnx_quantflow_writes_reads_back(name, tmp_path):
-    import nets
+    from support import nets
+
     from quantflow.frontends.mindir import read_mindir
     mindir = read_mindir(nets.export(getattr(nets, name)(), tmp_path / f"{name}.mindir"))
     path = tmp_path / "graph.onnx"
-    onnx.save(to_onnx(mindir, input_name="x"), path)
+    onnx.save(lower(mindir, "float32", input_name="x"), path)
     graph = read_onnx(path)
     x = np.random.default_rng(3).normal(size=(6, 3, 16, 16)).astype(np.float32)
     want = float_runner(mindir).run(x)[mindir.outputs[0]]

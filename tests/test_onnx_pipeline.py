@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-
-from conftest import onnx_config, run_quantflow, task_lines
+from support.project import onnx_config, run_quantflow, task_lines
 
 
 def _latest(project: Path) -> dict:

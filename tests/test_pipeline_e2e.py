@@ -5,9 +5,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from support.project import run_doit, task_lines
 
-from conftest import run_doit, task_lines
-from quantflow.config import PACKAGED_AIPP_TEMPLATES
+from quantflow import aipp_templates
 
 ALL = ["preflight", "train", "sample", "graph", "calibrate", "fallback", "export", "aipp", "atc", "gate", "summary"]
 KEYED = ["graph", "calibrate", "fallback", "export", "aipp", "atc", "gate"]
@@ -72,7 +72,7 @@ def _aipp_template(project: Path) -> Path:
     """A copy of the shipped template beside the config: the same content (same key) until edited."""
     local = project / "static_rgb888_u8.cfg"
     if not local.exists():
-        shutil.copy(PACKAGED_AIPP_TEMPLATES / local.name, local)
+        shutil.copy(aipp_templates.path(local.name), local)
     return local
 
 

@@ -6,12 +6,11 @@ import shutil
 import cv2
 import numpy as np
 import pytest
-
-import nets
+from quantflow.tasks.preflight import preflight
+from support import nets
 
 from quantflow.config import config_from_dict
 from quantflow.errors import ConfigError, DataError, QuantflowError
-from quantflow.pipeline.preflight import preflight
 
 
 def variant(cfg, **sections):

@@ -6,10 +6,12 @@ import tomllib
 from pathlib import Path
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from quantflow.backends import aipp
 from quantflow.config import config_from_dict, load_config
+from quantflow.engine.aipp import apply
 from quantflow.errors import QuantflowError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,7 +69,7 @@ def test_any_aipp_config_parses_and_applies_or_raises_an_aipp_error(pairs, brace
             "nested": f"aipp_op {{\naipp_op {{\n{body}\n}}\n}}\n", "none": body}[braces] + noise
     frame = np.full((32, 32, 3), 128, np.uint8)
     try:
-        out = aipp.apply(aipp.parse(text), frame)
+        out = apply(aipp.parse(text), frame)
     except QuantflowError as err:
         assert str(err)
     else:

@@ -1,8 +1,14 @@
 import numpy as np
 import pytest
 
-from quantflow.quantization.ranges import (Observer, abs_quantile, kl_threshold, mse_range, percentile_range,
-                                           quantization_mse)
+from quantflow.quantization.ranges import (
+    Observer,
+    abs_quantile,
+    kl_threshold,
+    mse_range,
+    percentile_range,
+    quantization_mse,
+)
 from quantflow.quantization.scheme import QMAX, QMIN, act_qparams
 
 

@@ -9,7 +9,8 @@ import cv2
 import numpy as np
 import pytest
 
-from quantflow.pipeline.gate import compare
+from quantflow.evaluation.metrics import metric
+from quantflow.evaluation.top1 import compare
 from quantflow.quantization.fallback import roll_back
 from quantflow.quantization.qparams import QuantizedOp, QuantParams
 from quantflow.report import plots
@@ -308,7 +309,10 @@ def test_activation_histogram_draws_the_clip_and_copes_with_empty_bins():
 
 
 def test_fallback_steps_plot():
-    img = decode_bytes(plots.fallback_steps([10, 9, 8], [0.5, 0.7, 0.8], 0.82, 0.03))
+    steps = [{"int8_ops": n, "int8_top1": t} for n, t in ((10, 0.5), (9, 0.7), (8, 0.8))]
+    series = metric("top1").steps_series(steps, {"fp32_top1": 0.82, "threshold": 0.03})
+    assert series.values == [50.0, 70.0, 80.0] and series.limit == pytest.approx(79.0) and series.reference == 82.0
+    img = decode_bytes(plots.step_chart([10, 9, 8], series))
     assert img.shape[:2] == (260, 600)
     assert has_colour(img, RED) and has_colour(img, (0, 128, 0))   # the gate limit and the FP32 line
-    decode_bytes(plots.fallback_steps([3], [0.9], 0.9, 0.0))     # a single step
+    decode_bytes(plots.step_chart([3], metric("top1").steps_series(steps[:1], {"fp32_top1": 0.9, "threshold": 0.0})))

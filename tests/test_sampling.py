@@ -5,8 +5,8 @@ import cv2
 import numpy as np
 import pytest
 
+from quantflow.data.sampling import allocate, manifest_paths, sample, write_manifest
 from quantflow.errors import DataError
-from quantflow.sampling import allocate, manifest_paths, sample, write_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 

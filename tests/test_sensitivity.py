@@ -5,19 +5,26 @@ import copy
 
 import numpy as np
 import pytest
+from support import nets
 
-import nets
-from quantflow.engine.float_runner import float_runner
 from quantflow.engine.int8_emulator import Emulator
+from quantflow.engine.runner import float_runner
+from quantflow.evaluation.top1 import compare
 from quantflow.frontends.mindir import read_mindir
-from quantflow.pipeline.gate import compare
 from quantflow.quantization.calibrater import calibrate
 from quantflow.quantization.deploy import quantized_graph
 from quantflow.quantization.fallback import roll_back, without
 from quantflow.quantization.passes import fold_for_quantization
 from quantflow.quantization.qparams import QuantizedOp, QuantParams
-from quantflow.quantization.sensitivity import (Agreement, Sensitivity, _ChannelShift, _from_its_quant, analyse,
-                                                 correct_bias, rank)
+from quantflow.quantization.sensitivity import (
+    Agreement,
+    Sensitivity,
+    _ChannelShift,
+    _from_its_quant,
+    analyse,
+    correct_bias,
+    rank,
+)
 
 
 def sqnr_db(r, q):
@@ -135,7 +142,7 @@ def test_rows_agree_with_direct_runs(residual, analysed):
     # the dense layer's row: the network output with only it in INT8, checked with NumPy
     fc = qp.ops[-1]
     assert fc.op == "MatMul"
-    got = Emulator(folded, QuantParams(qp.method, [fc])).logits(x.astype(np.float16))
+    got = Emulator(quantized_graph(folded, QuantParams(qp.method, [fc]))).logits(x.astype(np.float16))
     row = analysed.row(fc.node)
     assert row["output"]["sqnr_db"] == pytest.approx(sqnr_db(ref, got), rel=1e-6)
     assert row["output"]["cosine"] == pytest.approx(cosine(ref, got), rel=1e-9)
@@ -145,7 +152,7 @@ def test_rows_agree_with_direct_runs(residual, analysed):
     first = analysed.rows[0]
     assert first["cumulative"]["sqnr_db"] == pytest.approx(first["alone"]["sqnr_db"], rel=1e-9)
     # every op in INT8 at once: the dense layer's cumulative error is that of the whole INT8 network
-    every = Emulator(folded, qp).logits(x.astype(np.float16))
+    every = Emulator(quantized_graph(folded, qp)).logits(x.astype(np.float16))
     assert row["cumulative"]["sqnr_db"] == pytest.approx(sqnr_db(ref, every), rel=1e-6)
 
 
@@ -161,7 +168,7 @@ def test_each_row_is_what_emulating_the_whole_graph_with_that_op_alone_gives(res
         qp.method, [q])).nodes) for q in qp.ops)   # some runs are suffixes indeed
     for q in qp.ops:
         t = out_of[q.node]
-        emu = Emulator(folded, QuantParams(qp.method, [q]), extra_outputs=[t])
+        emu = Emulator(quantized_graph(folded, QuantParams(qp.method, [q])), extra_outputs=[t])
         alone, output, shift = Agreement(), Agreement(), _ChannelShift(q.relu)
         for x in batches:
             ref, got = fp32.run(x, [t, final]), emu.outputs(x.astype(np.float16), [t, final])
@@ -186,7 +193,7 @@ def test_dense_layers_over_positions_run_the_whole_graph(tmp_path):
     final = folded.outputs[0]
     ref = float_runner(folded).run(x)[final]
     for q in qp.ops:
-        got = Emulator(folded, QuantParams(qp.method, [q])).logits(x.astype(np.float16))
+        got = Emulator(quantized_graph(folded, QuantParams(qp.method, [q]))).logits(x.astype(np.float16))
         output = Agreement()
         for part in (slice(0, 3), slice(3, 6)):
             output.add(ref[part], got[part])
@@ -414,7 +421,7 @@ def test_sensitivity_ranking_drives_the_fallback_to_the_broken_layer(residual, a
     labels = fp.argmax(1)   # FP32's own predictions as labels
 
     def check(q):           # the accuracy figures of the gate; passes at 30 dB output SQNR
-        got = Emulator(folded, q).logits(x.astype(np.float16)).astype(np.float64)
+        got = Emulator(quantized_graph(folded, q)).logits(x.astype(np.float16)).astype(np.float64)
         r = compare(fp, got, labels, threshold=0.02)
         return {**r, "passed": sqnr_db(fp, got) >= 30.0}
 

@@ -2,20 +2,23 @@
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import json
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from quantflow.tasks.inputs import evaluation_set
 
 from quantflow.backends.aipp import parse
 from quantflow.config import EngineSection
 from quantflow.engine import shard
 from quantflow.errors import ConfigError
+from quantflow.evaluation.runs import fp32_logits, int8_logits, output_stats
 from quantflow.frontends.mindir import read_mindir
-from quantflow.pipeline.gate import fp32_logits, int8_logits, output_stats
 from quantflow.quantization.calibrater import calibrate
+from quantflow.quantization.deploy import quantized_graph
 from quantflow.quantization.passes import fold_for_quantization
 from quantflow.quantization.qparams import QuantParams
 from quantflow.quantization.sensitivity import analyse
@@ -54,8 +57,8 @@ def test_deal_spreads_items_round_robin():
 
 
 def _echo(shared, piece):
-    from quantflow.engine import float_runner
-    return shared, piece, float_runner.THREADS
+    from quantflow.engine import runner
+    return shared, piece, runner.THREADS
 
 
 def test_shards_come_back_in_order_with_the_shared_input_and_a_share_of_the_threads(engine, ray):
@@ -74,36 +77,36 @@ def demo(built_demo, demo_cfg):
     cfg = demo_cfg.model_copy(update={"evaluation": demo_cfg.evaluation.model_copy(update={"batch_size": 32})})
     qp = QuantParams.load(dirs["fallback"])
     aipp = parse((dirs["aipp"] / "aipp.cfg").read_text())
-    fp, labels = fp32_logits(cfg, graph)
-    q = int8_logits(cfg, fold_for_quantization(graph), qp, aipp)
-    return cfg, graph, qp, aipp, fp, labels, q
+    ev = evaluation_set(cfg)
+    deploy = quantized_graph(fold_for_quantization(graph), qp)
+    return ev, graph, deploy, aipp, fp32_logits(ev, graph), ev.labels, int8_logits(ev, deploy, aipp)
 
 
-def _with(cfg, engine):
-    return cfg.model_copy(update={"engine": engine})
+def _with(ev, engine):
+    return dataclasses.replace(ev, engine=engine)
 
 
 def test_sharded_gate_logits_equal_the_single_process_ones(demo, engine):
-    cfg, graph, qp, aipp, fp, labels, q = demo
-    fp_s, labels_s = fp32_logits(_with(cfg, engine), graph)
-    q_s = int8_logits(_with(cfg, engine), fold_for_quantization(graph), qp, aipp)
+    ev, graph, deploy, aipp, fp, labels, q = demo
+    fp_s = fp32_logits(_with(ev, engine), graph)
+    q_s = int8_logits(_with(ev, engine), deploy, aipp)
     assert len(fp) == len(labels) == 359 and len(shard.split(359, 2, 32)) == 2
-    assert np.array_equal(fp_s, fp) and np.array_equal(labels_s, labels) and np.array_equal(q_s, q)
+    assert np.array_equal(fp_s, fp) and np.array_equal(q_s, q)
 
 
 def test_sharded_output_statistics_equal_the_single_process_ones(demo, engine):
     """evaluation.metric = "outputs": the per-image sums over every output, however the images are cut."""
-    cfg, graph, qp, aipp, *_ = demo
-    outputs = cfg.model_copy(update={"evaluation": cfg.evaluation.model_copy(update={"metric": "outputs"})})
-    folded = fold_for_quantization(graph)
-    one = output_stats(outputs, graph, folded, qp, aipp)
+    ev, graph, deploy, aipp, *_ = demo
+    one = output_stats(ev, graph, deploy, aipp)
     assert one.shape == (359, 1, 5) and np.all(one[:, 0, 1] > 0)
-    assert np.array_equal(output_stats(_with(outputs, engine), graph, folded, qp, aipp), one)
+    assert np.array_equal(output_stats(_with(ev, engine), graph, deploy, aipp), one)
 
 
 @pytest.fixture(scope="module")
 def residual(tmp_path_factory):
-    import nets  # MindSpore: not at the top, so that workers unpickling _echo by reference do not import it
+    from support import (
+        nets,  # MindSpore: not at the top, so that workers unpickling _echo by reference do not import it
+    )
 
     path = nets.export(nets.ResidualNet(), tmp_path_factory.mktemp("shard") / "res.mindir")
     folded = fold_for_quantization(read_mindir(path))

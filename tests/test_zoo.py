@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from conftest import REPO, run_quantflow, task_lines
+from support.project import REPO, run_quantflow, task_lines
 
 pytest.importorskip("mindcv")
 
@@ -17,7 +16,7 @@ pytest.importorskip("mindcv")
     ("mobilenet_v3_small_100", {"HSwish", "HSigmoid", "Mul", "Conv2D"}),
 ])
 def test_zoo_network_builds_with_quantflow_build(tmp_path, arch, expect):
-    from quantflow.demo.zoo import build_project
+    from benchmarks.zoo import build_project
 
     toml = build_project(arch, tmp_path / arch, size=64, calib_per_class=2, eval_per_class=2, verify_images=2,
                          data_root=REPO)
@@ -47,7 +46,7 @@ def test_mindyolo_detector_builds_gated_on_every_output(tmp_path, arch, convs, e
     slice assignment) and YOLOv8-n (C2f, SPPF, the anchor-free head with DFL boxes) build with the outputs
     gate: the decoded predictions and the three raw head maps.  Their anchor grids are computed when read."""
     pytest.importorskip("mindyolo")
-    from quantflow.demo.zoo import build_project
+    from benchmarks.zoo import build_project
 
     toml = build_project(arch, tmp_path / arch, calib_per_class=2, eval_per_class=2, verify_images=2, data_root=REPO)
     assert 'metric = "outputs"' in toml.read_text() and "num_classes" not in toml.read_text()

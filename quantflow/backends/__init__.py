@@ -1,1 +1,2 @@
-"""Back-ends: what the device needs (MindIR/AIR export, AIPP config, atc conversion)."""
+"""Back-ends: what the device needs: the deploy graphs (ONNX, MindSpore), the FP32 MindIR/AIR export, the AIPP
+config file, the atc conversion."""

@@ -1,14 +1,10 @@
-"""Stage 4: AIPP configuration from the training normalization, verified numerically.
+"""The AIPP configuration file (CANN ``aipp_op`` format): generated from the training normalization, read back,
+and verified numerically.
 
-The config is rendered from a template (CANN ``aipp_op`` format; quantflow ships two in quantflow/aipp_templates/), then
-**read back from the written file** and its formula
-
-    out_chn_i = (pixel_chn_i - mean_chn_i - min_chn_i) * var_reci_chn_i
-
-(after the R/B swap when ``rbuv_swap_switch`` is true, with min/var_reci and the output in
-float16 as on the device) is applied to real calibration images, fed in the channel order
-the device will receive them.  The result must match the training preprocessing -- the
-``normalization.reference`` callable when configured, otherwise the declared mean/std --
+The config is rendered from a template (quantflow ships some: ``quantflow.aipp_templates``), then **read back
+from the written file** and applied as the device computes it (``quantflow.engine.aipp``) to real calibration
+images, fed in the channel order the device will receive them.  The result must match the training
+preprocessing -- the ``normalization.reference`` callable when configured, otherwise the declared mean/std --
 within the tolerance, or the build fails showing both values.
 """
 from __future__ import annotations
@@ -20,11 +16,11 @@ from string import Template
 
 import numpy as np
 
+from .. import aipp_templates
+from ..data.images import read_image
+from ..engine.aipp import apply, device_frame
 from ..errors import AippMismatchError, ConfigError
-from ..images import preprocess, read_image
-from ..pipeline.atomic import write_text
 
-SUPPORTED_FORMATS = {"RGB888_U8": 3, "YUV400_U8": 1}
 _LINE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*(\S+)\s*$")
 
 
@@ -49,8 +45,7 @@ def aipp_values(input_shape, mean, std, scale: str, channel_order: str, input_ch
 def render(template_path: Path, values: dict) -> str:
     template_path = Path(template_path)
     if not template_path.is_file():
-        from ..config import PACKAGED_AIPP_TEMPLATES
-        shipped = ", ".join(sorted(p.name for p in PACKAGED_AIPP_TEMPLATES.glob("*.cfg")))
+        shipped = ", ".join(aipp_templates.shipped())
         raise ConfigError(f"aipp.template: file not found: {template_path} (or name a template shipped with "
                           f"quantflow: {shipped})")
     text = template_path.read_text()
@@ -67,7 +62,7 @@ def render(template_path: Path, values: dict) -> str:
 
 def parse(text: str, source: str = "<aipp config>") -> dict:
     """The key/values of the (single) ``aipp_op { ... }`` block of a CANN AIPP config."""
-    blocks, current, depth = [], None, 0
+    blocks, current = [], None
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -75,7 +70,7 @@ def parse(text: str, source: str = "<aipp config>") -> dict:
         if re.fullmatch(r"aipp_op\s*\{", line):
             if current is not None:
                 raise AippMismatchError(f"{source}:{lineno}: nested aipp_op block")
-            current, depth = {}, 1
+            current = {}
             continue
         if line == "}":
             if current is None:
@@ -97,65 +92,6 @@ def parse(text: str, source: str = "<aipp config>") -> dict:
     return blocks[0]
 
 
-def _bool(params: dict, key: str, default: bool = False) -> bool:
-    v = params.get(key)
-    if v is None:
-        return default
-    if v.lower() in ("true", "1"):
-        return True
-    if v.lower() in ("false", "0"):
-        return False
-    raise AippMismatchError(f"AIPP {key}: expected true/false, got {v!r}")
-
-
-def _num(params: dict, key: str, default: float) -> float:
-    v = params.get(key)
-    if v is None:
-        return default
-    try:
-        return float(v)
-    except ValueError:
-        raise AippMismatchError(f"AIPP {key}: expected a number, got {v!r}") from None
-
-
-# ----------------------------------------------------------------------------- the AIPP formula
-
-def apply(params: dict, frame: np.ndarray) -> np.ndarray:
-    """Apply a static AIPP config to one raw uint8 frame (HWC, or HW for YUV400) -> float CHW."""
-    if params.get("aipp_mode", "static") != "static":
-        raise AippMismatchError(f"only static AIPP can be verified, got aipp_mode {params.get('aipp_mode')}")
-    fmt = params.get("input_format")
-    if fmt not in SUPPORTED_FORMATS:
-        raise AippMismatchError(f"AIPP input_format {fmt!r} cannot be verified (supported: {', '.join(SUPPORTED_FORMATS)})")
-    for key in ("crop", "resize", "padding", "csc_switch"):
-        if _bool(params, key):
-            raise AippMismatchError(f"AIPP {key} true cannot be verified against the training preprocessing")
-    channels = SUPPORTED_FORMATS[fmt]
-    x = frame if frame.ndim == 3 else frame[..., None]
-    if x.shape[2] != channels:
-        raise AippMismatchError(f"AIPP input_format {fmt} takes {channels} channel(s), frame has {x.shape[2]}")
-    w, h = int(_num(params, "src_image_size_w", 0)), int(_num(params, "src_image_size_h", 0))
-    if (w and w != x.shape[1]) or (h and h != x.shape[0]):
-        raise AippMismatchError(f"AIPP src_image_size {w}x{h} does not match the {x.shape[1]}x{x.shape[0]} model input")
-    if channels == 3 and _bool(params, "rbuv_swap_switch"):
-        x = x[..., ::-1]
-    x = x.astype(np.float32)
-    out = np.empty((channels,) + x.shape[:2], np.float32)
-    for i in range(channels):
-        mean = _num(params, f"mean_chn_{i}", 0.0)
-        if not (0.0 <= mean <= 255.0 and float(mean).is_integer()):
-            raise AippMismatchError(f"AIPP mean_chn_{i}: must be an integer in [0, 255] (a uint8 on the device), "
-                                    f"got {params.get(f'mean_chn_{i}')}")
-        for key in (f"min_chn_{i}", f"var_reci_chn_{i}"):
-            v = _num(params, key, 0.0)
-            if not (np.isfinite(v) and abs(v) <= 65504.0):
-                raise AippMismatchError(f"AIPP {key}: must be a finite float16 value (|v| <= 65504), got {params.get(key)}")
-        mn = np.float16(_num(params, f"min_chn_{i}", 0.0))
-        var = np.float16(_num(params, f"var_reci_chn_{i}", 1.0))
-        out[i] = (x[..., i] - np.float32(mean) - np.float32(mn)) * np.float32(var)
-    return out.astype(np.float16).astype(np.float32)
-
-
 def describe(params: dict, channels: int) -> str:
     parts = [f"rbuv_swap_switch={params.get('rbuv_swap_switch', 'false')}"] if channels == 3 else []
     for i in range(channels):
@@ -165,13 +101,6 @@ def describe(params: dict, channels: int) -> str:
 
 
 # ----------------------------------------------------------------------------- verification
-
-def device_frame(bgr_or_gray: np.ndarray, input_channel_order: str) -> np.ndarray:
-    """The raw frame the device receives, from an image as OpenCV read it."""
-    if input_channel_order == "RGB":
-        return np.ascontiguousarray(bgr_or_gray[..., ::-1])
-    return bgr_or_gray
-
 
 def plausibility(ref: np.ndarray, norm_desc: str) -> None:
     """Catch a normalization in the wrong pixel domain when there is no reference to compare to."""
@@ -226,39 +155,3 @@ def norm_description(norm, input_channel_order: str) -> str:
     ref = f", reference {norm.reference}" if norm.reference else ""
     return (f"mean={list(norm.mean)} std={list(norm.std)} scale={norm.scale} channel_order={norm.channel_order}, "
             f"frames fed as {input_channel_order}{ref}")
-
-
-def build_and_verify(cfg, image_paths: list[Path], out_cfg: Path) -> dict:
-    """Write the AIPP config (generated, or the configured hand-written one) to ``out_cfg`` and verify it."""
-    from ..model import load_entry
-
-    norm, a = cfg.normalization, cfg.aipp
-    channels = cfg.model.input_shape[1]
-    if a.config_file is not None:
-        src = cfg.path(a.config_file)
-        if not src.is_file():
-            raise ConfigError(f"aipp.config_file: file not found: {src}")
-        text, origin = src.read_text(), str(src)
-    else:
-        values = aipp_values(cfg.model.input_shape, norm.mean, norm.std, norm.scale, norm.channel_order,
-                             a.input_channel_order)
-        text, origin = render(cfg.aipp_template, values), str(cfg.aipp_template)
-    out_cfg = Path(out_cfg)
-    out_cfg.parent.mkdir(parents=True, exist_ok=True)
-    write_text(out_cfg, text)
-    # errors in a hand-written config name the user's file, not the copy
-    params = parse(out_cfg.read_text(), origin if a.config_file is not None else str(out_cfg))
-    fmt_channels = SUPPORTED_FORMATS.get(params.get("input_format"))
-    if fmt_channels is not None and fmt_channels != channels:
-        raise AippMismatchError(f"{origin}: input_format {params.get('input_format')} has {fmt_channels} channel(s), "
-                                f"the model input has {channels}")
-    if norm.reference:
-        reference = load_entry(norm.reference, "normalization.reference")
-    else:
-        def reference(img):
-            return preprocess(img[None], norm.mean, norm.std, norm.scale, norm.channel_order)[0]
-    report = verify(params, image_paths[: a.verify_images], channels, a.input_channel_order, reference, a.tolerance,
-                    norm_description(norm, a.input_channel_order), check_plausible=not norm.reference)
-    report["source"] = origin
-    report["params"] = params
-    return report

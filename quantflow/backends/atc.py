@@ -1,4 +1,4 @@
-"""Stage 5: the ``atc`` offline-model conversion for an Ascend SoC (default Ascend310P3).
+"""The ``atc`` offline-model conversion for an Ascend SoC (default Ascend310P3).
 
 ``atc`` is looked up on PATH, then under $ASCEND_TOOLKIT_HOME.  The command line is built
 exactly (--model, --framework (1 AIR, 5 ONNX), --output, --soc_version, --insert_op_conf,

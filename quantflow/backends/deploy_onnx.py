@@ -15,10 +15,8 @@ from __future__ import annotations
 import onnx
 from onnx import defs
 
-from ..engine.onnx_builder import DEVICE_OPSET, OnnxBuilder
+from ..engine.lowering import lower
 from ..ir import Graph
-from ..ops import get as get_op
-from ..quantization.deploy import quantized_graph
 from ..quantization.qparams import QuantParams
 
 
@@ -43,20 +41,10 @@ def register_ascend_schemas() -> None:
                         S.Attribute("dtype", S.AttrType.INT, "")]))
 
 
-def deploy_model(graph: Graph, qparams: QuantParams, input_name: str) -> onnx.ModelProto:
-    """The deploy graph of the (BatchNorm-folded) ``graph`` with ``qparams``."""
+def deploy_model(deploy: Graph, input_name: str) -> onnx.ModelProto:
+    """deploy.onnx for the deploy IR ``deploy`` (``quantization.deploy.quantized_graph``)."""
     register_ascend_schemas()
-    deploy = quantized_graph(graph, qparams)
-    b = OnnxBuilder(f"{graph.name}_ascend_int8", opset=DEVICE_OPSET, target="device", taken=graph.names())
-    for k, v in deploy.initializers.items():
-        b.initializer(k, v)
-    inp = deploy.inputs[0]
-    if input_name != inp:
-        b.add("Identity", [input_name], inp)
-    for node in deploy.nodes:
-        get_op(node.op, node.name).to_onnx(node, b)
-    return b.model([(input_name, deploy.tensors[inp].shape, "float32")],
-                   [(o, deploy.shape(o), "float32") for o in deploy.outputs])
+    return lower(deploy, "device", input_name=input_name)
 
 
 def check_deploy(model: onnx.ModelProto) -> onnx.ModelProto:

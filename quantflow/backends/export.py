@@ -27,7 +27,7 @@ def ascend_available() -> tuple[bool, str]:
 def _export(net, input_shape, prefix: Path, fmt: str) -> Path:
     import mindspore as ms
 
-    from ..pipeline.atomic import atomic_path
+    from ..io.atomic import atomic_path
 
     written = prefix.with_name(prefix.name + "." + fmt.lower())
     with atomic_path(written, in_folder=True) as tmp:

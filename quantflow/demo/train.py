@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import QuantflowError
-from ..pipeline.atomic import atomic_path, write_json
+from ..io.atomic import atomic_path, write_json
 from . import data
 
 
@@ -25,8 +25,8 @@ def _train(cfg, checkpoint_path: Path) -> dict:
     import mindspore as ms
     from mindspore import nn, Tensor
 
-    from ..model import build_network
-    from ..images import scan_class_folders, load_images
+    from ..data.images import load_images, scan_class_folders
+    from ..frontends.network import build_network
 
     tcfg = cfg.train
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")

@@ -64,8 +64,8 @@ def run(fn, shared, shards: list, engine) -> list:
 
 
 def _limit_threads(threads: int) -> None:
-    from . import float_runner
-    float_runner.THREADS = threads
+    from . import runner
+    runner.THREADS = threads
 
 
 def _start_worker(shared, threads: int) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.float_runner import constant_outputs
+from ..engine.runner import constant_outputs
 from ..errors import UnsupportedNetworkError
 from ..ir import Graph, Node, TensorInfo
 from ..ops import Const, TensorList, get as get_op

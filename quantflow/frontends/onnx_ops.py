@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import UnsupportedNetworkError
 from ..ir import Node, TensorInfo
-from ..ops.common import same_pads
+from ..ops.common import as_ints, norm_axis, same_pads
 
 
 @dataclass
@@ -131,10 +131,6 @@ class Ctx:
 
 # ----------------------------------------------------------------------------- op handlers
 
-def _ints(v) -> list[int]:
-    return [int(i) for i in np.asarray(v).reshape(-1)]
-
-
 def _scalar(v) -> float:
     return float(np.asarray(v).reshape(-1)[0])
 
@@ -143,7 +139,7 @@ def _spatial_pads(ctx: Ctx, hw, kernel, strides, dilations) -> list[int]:
     """IR pads [top, left, bottom, right] (ONNX's own order for 2-D: x1_begin, x2_begin, x1_end, x2_end)."""
     mode = ctx.attr("auto_pad", "NOTSET") or "NOTSET"
     if mode == "NOTSET":
-        pads = _ints(ctx.attr("pads", [0, 0, 0, 0]))
+        pads = as_ints(ctx.attr("pads", [0, 0, 0, 0]))
         if len(pads) != 4:
             ctx.fail(f"pads {pads} for a 2-D window")
         if min(pads) < 0:
@@ -169,10 +165,10 @@ def _conv(ctx: Ctx):
     xs, ws = ctx.shape(0), ctx.shape(1)
     if len(ws) != 4 or len(xs) != 4:
         ctx.fail(f"only 2-D convolutions (NCHW input, 4-D weight) are supported; input {xs}, weight {ws}")
-    kernel = _ints(ctx.attr("kernel_shape", ws[2:]))
+    kernel = as_ints(ctx.attr("kernel_shape", ws[2:]))
     if tuple(kernel) != tuple(ws[2:]):
         ctx.fail(f"kernel_shape {kernel} differs from the weight's {ws[2:]}")
-    strides, dilations = _ints(ctx.attr("strides", [1, 1])), _ints(ctx.attr("dilations", [1, 1]))
+    strides, dilations = as_ints(ctx.attr("strides", [1, 1])), as_ints(ctx.attr("dilations", [1, 1]))
     group = int(ctx.attr("group", 1))
     pads = _spatial_pads(ctx, xs[2:], kernel, strides, dilations)
     _check_out_hw(ctx, xs[2:], kernel, strides, dilations, pads)
@@ -250,7 +246,7 @@ def _layernorm(ctx: Ctx):
     xs = ctx.shape(0)
     rank = len(xs)
     axis = int(ctx.attr("axis", -1))
-    axis = axis + rank if axis < 0 else axis
+    axis = norm_axis(axis, rank)
     norm = tuple(xs[axis:])
     params = []
     for i, what in ((1, "scale"), (2, "bias")):
@@ -271,11 +267,11 @@ def _layernorm(ctx: Ctx):
 def _split(ctx: Ctx):
     xs = ctx.shape(0)
     axis = int(ctx.attr("axis", 0))
-    axis = axis + len(xs) if axis < 0 else axis
+    axis = norm_axis(axis, len(xs))
     if ctx.has(1):
-        sizes = _ints(ctx.need_const(1, "split"))
+        sizes = as_ints(ctx.need_const(1, "split"))
     elif ctx.attr("split") is not None:
-        sizes = _ints(ctx.attr("split"))
+        sizes = as_ints(ctx.attr("split"))
     else:
         parts = int(ctx.attr("num_outputs", len(ctx.n.output)))
         size = -(-xs[axis] // parts)
@@ -355,7 +351,7 @@ def _concat(ctx: Ctx):
     rank = len(ctx.out_shape())
     axis = int(ctx.attr("axis", 1 if ctx.r.opset < 4 else 0))
     ctx.emit("Concat", [ctx.x(i) for i in range(len(ctx.n.input)) if ctx.has(i)],
-             {"axis": axis + rank if axis < 0 else axis})
+             {"axis": norm_axis(axis, rank)})
 
 
 def _pool(op: str):
@@ -365,9 +361,9 @@ def _pool(op: str):
         xs = ctx.shape(0)
         if len(xs) != 4:
             ctx.fail(f"only 2-D pooling (NCHW) is supported, input {xs}")
-        kernel = _ints(ctx.attr("kernel_shape"))
-        strides = _ints(ctx.attr("strides", [1, 1]))
-        if _ints(ctx.attr("dilations", [1, 1])) != [1, 1]:
+        kernel = as_ints(ctx.attr("kernel_shape"))
+        strides = as_ints(ctx.attr("strides", [1, 1]))
+        if as_ints(ctx.attr("dilations", [1, 1])) != [1, 1]:
             ctx.fail(f"dilated pooling (dilations {ctx.attr('dilations')})")
         pads = _spatial_pads(ctx, xs[2:], kernel, strides, [1, 1])
         count_pad = op == "AvgPool" and int(ctx.attr("count_include_pad", 0))
@@ -416,10 +412,10 @@ def _out_shape(ctx: Ctx, op: str) -> tuple[int, ...]:
     xs = ctx.shape(0)
     if op == "Flatten":
         axis = int(ctx.attr("axis", 1))
-        axis = axis + len(xs) if axis < 0 else axis
+        axis = norm_axis(axis, len(xs))
         shape = (int(np.prod(xs[:axis])), int(np.prod(xs[axis:])))
     elif op == "Reshape":
-        spec = _ints(ctx.need_const(1, "shape") if ctx.r.opset >= 5 else ctx.attr("shape"))
+        spec = as_ints(ctx.need_const(1, "shape") if ctx.r.opset >= 5 else ctx.attr("shape"))
         allow_zero = int(ctx.attr("allowzero", 0))
         dims = [xs[i] if d == 0 and not allow_zero else d for i, d in enumerate(spec)]
         if dims.count(-1) == 1:
@@ -436,13 +432,13 @@ def _out_shape(ctx: Ctx, op: str) -> tuple[int, ...]:
 
 def _transpose(ctx: Ctx):
     rank = len(ctx.shape(0))
-    ctx.emit("Transpose", [ctx.x(0)], {"perm": _ints(ctx.attr("perm", list(range(rank))[::-1]))})
+    ctx.emit("Transpose", [ctx.x(0)], {"perm": as_ints(ctx.attr("perm", list(range(rank))[::-1]))})
 
 
 def _softmax(ctx: Ctx):
     rank = len(ctx.shape(0))
     axis = int(ctx.attr("axis", -1 if ctx.r.opset >= 13 else 1))
-    axis = axis + rank if axis < 0 else axis
+    axis = norm_axis(axis, rank)
     if ctx.r.opset < 13 and axis != rank - 1 and any(d != 1 for d in ctx.shape(0)[axis + 1:]):
         ctx.fail(f"opset-{ctx.r.opset} Softmax over the flattened axes {axis}..{rank - 1} (the IR's Softmax is over "
                  f"one axis)")
@@ -452,13 +448,13 @@ def _softmax(ctx: Ctx):
 def _reduce_mean(ctx: Ctx):
     rank = len(ctx.shape(0))
     if ctx.r.opset >= 18 and ctx.has(1):
-        axes = _ints(ctx.need_const(1, "axes"))
+        axes = as_ints(ctx.need_const(1, "axes"))
     else:
-        axes = _ints(ctx.attr("axes", []))
+        axes = as_ints(ctx.attr("axes", []))
     if not axes and int(ctx.attr("noop_with_empty_axes", 0)):
         ctx.r.values[ctx.n.output[0]] = ctx.x(0)
         return
-    axes = sorted(a + rank if a < 0 else a for a in axes) or list(range(rank))
+    axes = sorted(norm_axis(a, rank) for a in axes) or list(range(rank))
     ctx.emit("ReduceMean", [ctx.x(0)], {"axes": axes, "keepdims": bool(ctx.attr("keepdims", 1))})
 
 
@@ -468,12 +464,12 @@ def _pad(ctx: Ctx):
     if mode != "constant":
         ctx.fail(f"Pad mode {mode!r} (only constant padding is supported)")
     if ctx.r.opset < 11:
-        pads, value = _ints(ctx.attr("pads")), float(ctx.attr("value", 0.0))
+        pads, value = as_ints(ctx.attr("pads")), float(ctx.attr("value", 0.0))
     else:
-        pads = _ints(ctx.need_const(1, "pads"))
+        pads = as_ints(ctx.need_const(1, "pads"))
         value = _scalar(ctx.need_const(2, "constant_value")) if ctx.has(2) else 0.0
         if ctx.has(3):
-            axes = [a + rank if a < 0 else a for a in _ints(ctx.need_const(3, "axes"))]
+            axes = [norm_axis(a, rank) for a in as_ints(ctx.need_const(3, "axes"))]
             full = [0] * (2 * rank)
             for j, a in enumerate(axes):
                 full[a], full[a + rank] = pads[j], pads[j + len(axes)]
@@ -487,14 +483,14 @@ def _slice(ctx: Ctx):
     shape = ctx.shape(0)
     rank = len(shape)
     if ctx.r.opset < 10:
-        starts, ends = _ints(ctx.attr("starts")), _ints(ctx.attr("ends"))
-        axes = _ints(ctx.attr("axes", list(range(len(starts)))))
+        starts, ends = as_ints(ctx.attr("starts")), as_ints(ctx.attr("ends"))
+        axes = as_ints(ctx.attr("axes", list(range(len(starts)))))
         steps = [1] * len(starts)
     else:
-        starts, ends = _ints(ctx.need_const(1, "starts")), _ints(ctx.need_const(2, "ends"))
-        axes = _ints(ctx.need_const(3, "axes")) if ctx.has(3) else list(range(len(starts)))
-        steps = _ints(ctx.need_const(4, "steps")) if ctx.has(4) else [1] * len(starts)
-    given = {(a + rank if a < 0 else a): (s, e, st) for a, s, e, st in zip(axes, starts, ends, steps)}
+        starts, ends = as_ints(ctx.need_const(1, "starts")), as_ints(ctx.need_const(2, "ends"))
+        axes = as_ints(ctx.need_const(3, "axes")) if ctx.has(3) else list(range(len(starts)))
+        steps = as_ints(ctx.need_const(4, "steps")) if ctx.has(4) else [1] * len(starts)
+    given = {(norm_axis(a, rank)): (s, e, st) for a, s, e, st in zip(axes, starts, ends, steps)}
     if any(st == 0 for _, _, st in given.values()):
         ctx.fail("Slice with step 0")
     # every axis in order (the IR's StridedSlice lists them all), whole for the axes ONNX leaves out

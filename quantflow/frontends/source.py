@@ -14,6 +14,8 @@ import numpy as np
 
 from ..errors import ConfigError
 
+EXPORTED_MINDIR = "model.mindir"   # the MindIR the graph stage exports from model.entry + model.checkpoint
+
 
 def source_field(cfg) -> str:
     return "model.onnx" if cfg.model.onnx else ("model.mindir" if cfg.model.mindir else "model.entry")
@@ -23,7 +25,7 @@ def model_file(cfg, graph_dir: Path) -> Path:
     """The file every stage reads the network from."""
     if cfg.model.onnx:
         return cfg.path(cfg.model.onnx)
-    return cfg.path(cfg.model.mindir) if cfg.model.mindir else Path(graph_dir) / "model.mindir"
+    return cfg.path(cfg.model.mindir) if cfg.model.mindir else Path(graph_dir) / EXPORTED_MINDIR
 
 
 def check_given_file(cfg) -> None:

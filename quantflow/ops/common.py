@@ -25,7 +25,7 @@ def data_format(v) -> str:
     return str(v).upper()
 
 
-def pair(v, rank4: bool = False) -> tuple[int, int]:
+def pair(v) -> tuple[int, int]:
     """A (h, w) pair from an int, a pair, or an NCHW 4-tuple."""
     if isinstance(v, (int, np.integer)):
         return int(v), int(v)

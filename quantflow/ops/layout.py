@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import UnsupportedNetworkError
 from .common import as_ints, norm_axis
 from .registry import OpDef, register
 

@@ -8,15 +8,14 @@ tensor share its observer, hence its scale_d/offset_d.
 """
 from __future__ import annotations
 
-
-from ..engine.float_runner import float_runner
+from ..engine.runner import float_runner
 from ..errors import DataError
 from ..ir import Graph, Node
 from ..ops import get as get_op
 from ..progress import progress
 from . import scheme
 from .qparams import QuantizedOp, QuantParams
-from .ranges import Observer
+from .ranges import METHODS, Observer
 from .selection import first_match
 
 
@@ -123,7 +122,7 @@ def calibrate_with(graph: Graph, batches, method: str, percentile: float = 99.99
     """``calibrate``, also returning the Calibrater (its observers' histograms feed the report)."""
     cal = Calibrater(graph, bins, skip)
     methods = cal.methods(method, overrides)
-    cal.collect(batches, histograms=any(m != "minmax" for m in methods.values()))
+    cal.collect(batches, histograms=any(METHODS[m].histograms for m in methods.values()))
     qp = quantize(graph, cal.ranges(method, percentile, kl_max_clipped, overrides), method, cal.observers, skip)
     for q in qp.ops:
         q.stats["method"] = methods[q.input]

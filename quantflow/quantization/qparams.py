@@ -14,6 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import QuantflowError
+from ..io.atomic import save_npz, write_json
+
+QPARAMS_JSON, QPARAMS_NPZ = "qparams.json", "qparams.npz"
 
 
 @dataclass
@@ -51,11 +54,10 @@ class QuantParams:
     def save(self, out_dir: Path) -> tuple[Path, Path]:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        js, npz = out_dir / "qparams.json", out_dir / "qparams.npz"
+        js, npz = out_dir / QPARAMS_JSON, out_dir / QPARAMS_NPZ
         arrays = {}
         for i, q in enumerate(self.ops):
             arrays[f"{i}.weight"], arrays[f"{i}.bias"], arrays[f"{i}.deq_scale"] = q.weight, q.bias, q.deq_scale
-        from ..pipeline.atomic import save_npz, write_json
         save_npz(npz, arrays)  # the arrays first: a reader finding the json finds its arrays
         write_json(js, {"scheme": "ascend-int8", "method": self.method, "ops": [q.header() for q in self.ops]},
                    indent=1, sort_keys=False)
@@ -63,7 +65,7 @@ class QuantParams:
 
     @classmethod
     def load(cls, out_dir: Path) -> "QuantParams":
-        js, npz = Path(out_dir) / "qparams.json", Path(out_dir) / "qparams.npz"
+        js, npz = Path(out_dir) / QPARAMS_JSON, Path(out_dir) / QPARAMS_NPZ
         try:
             meta = json.loads(js.read_text())
             arrays = np.load(npz)

@@ -14,11 +14,12 @@
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 
 from .scheme import QMAX, QMIN, act_qparams
-
-METHODS = ("minmax", "percentile", "kl", "mse")
 
 
 class Observer:
@@ -73,22 +74,12 @@ class Observer:
         self.hist_signed = np.zeros(self.bins, np.int64)
         self.hist_abs = np.zeros(self.bins, np.int64)
 
-    # ------------------------------------------------------------------ ranges
     def range(self, method: str, percentile: float = 99.99, kl_max_clipped: float = 0.01) -> tuple[float, float]:
-        if method == "minmax":
-            return float(self.lo), float(self.hi)
-        if self.hist_signed is None:
+        """The clipping range of ``method`` (a name in ``METHODS``)."""
+        m = METHODS[method]
+        if m.histograms and self.hist_signed is None:
             raise RuntimeError(f"observer {self.name}: the histogram pass did not run")
-        if method == "percentile":
-            return percentile_range(self.hist_signed, self.lo, self.hi, percentile)
-        if method == "mse":
-            return mse_range(self.hist_signed, self.lo, self.hi)
-        if method == "kl":
-            nonneg = self.lo >= 0.0  # non-negative (e.g. after ReLU): [0, T] onto 255 steps
-            t = kl_threshold(self.hist_abs, self.amax, num_quant_bins=255 if nonneg else 127)
-            t = max(t, abs_quantile(self.hist_abs, self.amax, 1.0 - kl_max_clipped))
-            return (0.0, t) if nonneg else (-t, t)
-        raise ValueError(f"unknown calibration method {method!r}")
+        return m.range(self, percentile=percentile, kl_max_clipped=kl_max_clipped)
 
     def summary(self) -> dict:
         return {"min": float(self.lo), "max": float(self.hi), "values": int(self.count)}
@@ -212,3 +203,28 @@ def kl_threshold(hist: np.ndarray, amax: float, num_quant_bins: int = 127) -> fl
         if kl < best_kl:
             best_kl, best_i = kl, i
     return float(best_i * width)
+
+
+# ----------------------------------------------------------------------------- the methods, by name
+
+def _kl_range(obs: Observer, kl_max_clipped: float, **_) -> tuple[float, float]:
+    nonneg = obs.lo >= 0.0  # non-negative (e.g. after ReLU): [0, T] onto 255 steps
+    t = kl_threshold(obs.hist_abs, obs.amax, num_quant_bins=255 if nonneg else 127)
+    t = max(t, abs_quantile(obs.hist_abs, obs.amax, 1.0 - kl_max_clipped))
+    return (0.0, t) if nonneg else (-t, t)
+
+
+@dataclass(frozen=True)
+class RangeMethod:
+    name: str
+    histograms: bool                                   # needs the second, histogram pass
+    range: Callable[..., tuple[float, float]]          # (observer, percentile=, kl_max_clipped=) -> (lo, hi)
+
+
+METHODS: dict[str, RangeMethod] = {m.name: m for m in (
+    RangeMethod("minmax", False, lambda obs, **_: (float(obs.lo), float(obs.hi))),
+    RangeMethod("percentile", True, lambda obs, percentile, **_: percentile_range(obs.hist_signed, obs.lo, obs.hi,
+                                                                                  percentile)),
+    RangeMethod("kl", True, _kl_range),
+    RangeMethod("mse", True, lambda obs, **_: mse_range(obs.hist_signed, obs.lo, obs.hi)),
+)}

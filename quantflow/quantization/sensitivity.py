@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine.float_runner import float_runner
+from ..engine.runner import float_runner
 from ..engine.int8_emulator import Emulator
 from ..ir import Graph
 from ..progress import progress
@@ -161,7 +161,7 @@ def _from_its_quant(graph: Graph, qparams: QuantParams, node: str) -> Graph:
 def _prefixes(graph: Graph, qparams: QuantParams, inputs: list[np.ndarray], nodes: list[str]) -> list[dict]:
     """Per batch, the float16 values (no op in INT8) of every tensor the runs of ``nodes`` start from."""
     starts = list(dict.fromkeys(i for node in nodes for i in _from_its_quant(graph, qparams, node).inputs))
-    no_int8 = Emulator(graph, QuantParams(qparams.method, []), extra_outputs=starts)
+    no_int8 = Emulator(quantized_graph(graph, QuantParams(qparams.method, [])), extra_outputs=starts)
     # float16 holds them exactly (the emulation's values are float16 numbers): half the memory, no conversion per run
     return [{k: v.astype(np.float16) for k, v in no_int8.outputs(x.astype(np.float16), starts).items()} for x in inputs]
 
@@ -216,7 +216,7 @@ def analyse(graph: Graph, qparams: QuantParams, batches, bias_shift: bool = Fals
     rows = [done[node][0] for node in nodes]
     shifts = {node: done[node][1] for node in nodes} if bias_shift else {}
     with progress(1, "sensitivity: all layers in INT8") as bar:
-        emu = Emulator(graph, qparams, extra_outputs=op_outputs)
+        emu = Emulator(quantized_graph(graph, qparams), extra_outputs=op_outputs)
         cumulative = {q.node: Agreement() for q in qparams.ops}
         for x, ref in zip(inputs, refs):
             got = emu.outputs(x.astype(np.float16), op_outputs)

@@ -1,1 +1,2 @@
-"""The build report: one self-contained HTML file with embedded PNG plots."""
+"""The build report: one self-contained HTML file with embedded PNG plots (``html``, ``plots``), and the
+accuracy report as text (``text``)."""

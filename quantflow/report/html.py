@@ -1,7 +1,7 @@
 """The build report as one self-contained HTML file (plots embedded as base64 PNG).
 
 Sections (each an element with the id given): ``verdict``, ``per-class`` (top-1; ``per-output`` for the outputs
-metric, ``quantflow.pipeline.metrics``), ``sensitivity``,
+metric, ``quantflow.evaluation``), ``sensitivity``,
 ``histograms`` (the worst layers' calibration histograms with the chosen clip), ``fallback``.
 """
 from __future__ import annotations
@@ -10,7 +10,8 @@ import base64
 import html
 from pathlib import Path
 
-from ..pipeline.metrics import metric
+from ..evaluation.metrics import metric
+from ..io.atomic import write_text
 from . import plots
 
 WORST_LAYERS = 5
@@ -69,8 +70,9 @@ def render(title: str, gate: dict, sensitivity: dict, histograms: dict, fallback
     if not steps or (fallback or {}).get("mode") == "off":
         parts.append("<p>quantization.fallback is off: every quantizable layer not in quantization.skip is INT8.</p>")
     else:
-        parts.append(_img(m.fallback_chart(steps, gate), "fallback steps"))
-        parts.append(_table(*m.fallback_table(steps)))
+        parts.append(_img(plots.step_chart([s["int8_ops"] for s in steps], m.steps_series(steps, gate)),
+                          "fallback steps"))
+        parts.append(_table(*m.steps_table(steps)))
     parts.append("</section>")
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;"
              "margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px}.pass{color:green}"
@@ -80,5 +82,4 @@ def render(title: str, gate: dict, sensitivity: dict, histograms: dict, fallback
 
 
 def write(path: Path, title: str, gate: dict, sensitivity: dict, histograms: dict, fallback: dict | None) -> Path:
-    from ..pipeline.atomic import write_text
     return write_text(path, render(title, gate, sensitivity, histograms, fallback))

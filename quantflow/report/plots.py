@@ -50,24 +50,17 @@ def activation_histogram(title: str, hist: np.ndarray, lo: float, hi: float, cli
     return _png(plt, fig)
 
 
-def step_chart(int8_ops: list[int], values: list[float], limit: float, ylabel: str, label: str,
-               reference: float | None = None, reference_label: str = "") -> bytes:
-    """A value after each fallback step (INT8 ops left under each step) against the gate's limit and,
-    when given, the FP32 reference."""
+def step_chart(int8_ops: list[int], series) -> bytes:
+    """A value after each fallback step (INT8 ops left under each step; ``series``: an
+    ``evaluation.protocol.Series``) against the gate's limit and, when given, the FP32 reference."""
     plt, (fig, ax) = _figure(6, 2.6)
-    steps = np.arange(len(values))
-    ax.plot(steps, values, marker="o", label=label)
-    if reference is not None:
-        ax.axhline(reference, color="green", label=reference_label)
-    ax.axhline(limit, color="red", linestyle="--", label="gate limit")
+    steps = np.arange(len(series.values))
+    ax.plot(steps, series.values, marker="o", label=series.label)
+    if series.reference is not None:
+        ax.axhline(series.reference, color="green", label=series.reference_label)
+    ax.axhline(series.limit, color="red", linestyle="--", label="gate limit")
     ax.set_xticks(steps, [f"{s}\n({n} INT8)" for s, n in zip(steps, int8_ops)], fontsize=7)
     ax.set_xlabel("ops rolled back to float16")
-    ax.set_ylabel(ylabel)
+    ax.set_ylabel(series.ylabel)
     ax.legend(fontsize=7)
     return _png(plt, fig)
-
-
-def fallback_steps(int8_ops: list[int], top1: list[float], fp32_top1: float, threshold: float) -> bytes:
-    """INT8 top-1 after each fallback step against the FP32 top-1 and the allowed drop."""
-    return step_chart(int8_ops, [t * 100 for t in top1], (fp32_top1 - threshold) * 100, "top-1 (%)", "INT8 top-1",
-                      fp32_top1 * 100, "FP32 top-1")

@@ -1,0 +1,4 @@
+"""The ``quantflow`` command (``main``): build, init, list, report."""
+from .main import main
+
+__all__ = ["main"]

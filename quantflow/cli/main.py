@@ -1,0 +1,182 @@
+"""The ``quantflow`` command: build, init, list, report.
+
+    quantflow build [CONFIG ...] [STAGE ...] [-j N] [--always]
+    quantflow init (--onnx FILE | --mindir FILE | --entry MOD:FN --checkpoint FILE) [--data DIR] [--eval DIR] [-o FILE]
+    quantflow list [CONFIG]
+    quantflow report [CONFIG]
+
+``build`` runs the installed task graph (quantflow.pipeline.doit_graph) through doit's own API: one config in this
+process; several configs each in a process of its own, ``-j`` at a time.  Every build keeps its doit state and
+its lock in its own ``build.output_dir``, so builds of different folders run side by side; two configs of one
+command naming the same folder are refused before anything runs, and a build of a folder another command is
+building waits for it (quantflow.pipeline.lock).
+
+Exit codes: 0 done; 1 a stage failed (doit's report of it on the output, the gate included); 2 a bad command
+line, config or file, with one message naming the file or field at fault and no traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ..config import DEFAULT_CONFIG_NAME, load_config
+from ..errors import QuantflowError
+
+USAGE_ERROR = 2
+
+
+# ----------------------------------------------------------------------------- build
+
+def _split_targets(targets: list[str], tasks: list[str]) -> tuple[list[Path], list[str]]:
+    """``build``'s positional arguments as (config files, stages): a stage name is a stage unless a file of that
+    name exists; no config given means quantflow.toml."""
+    from ..pipeline.doit_graph import DEFAULT_TASKS
+
+    configs, stages = [], list(tasks)
+    for t in targets:
+        if t in DEFAULT_TASKS and not Path(t).is_file():
+            stages.append(t)
+        elif Path(t).is_file() or t.endswith(".toml"):
+            configs.append(Path(t))
+        else:
+            raise QuantflowError(f"{t!r} is neither a configuration file nor a stage ({', '.join(DEFAULT_TASKS)})")
+    unknown = [s for s in stages if s not in DEFAULT_TASKS]
+    if unknown:
+        raise QuantflowError(f"unknown stage {unknown[0]!r}; the stages are {', '.join(DEFAULT_TASKS)}")
+    return configs or [Path(DEFAULT_CONFIG_NAME)], stages
+
+
+def _build_here(config: Path, tasks: list[str], always: bool) -> int:
+    from doit.cmd_base import ModuleTaskLoader
+    from doit.doit_cmd import DoitMain
+
+    from ..pipeline.doit_graph import namespace
+
+    loader = ModuleTaskLoader(namespace(config))
+    return DoitMain(loader).run(["run", *(["--always-execute"] if always else []), *tasks])
+
+
+def _build_apart(config: Path, tasks: list[str], always: bool) -> tuple[int, str]:
+    cmd = [sys.executable, "-m", "quantflow.cli", "build", str(config), *(["--always"] if always else [])]
+    for t in tasks:
+        cmd += ["--task", t]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _check_output_dirs(configs: list[Path]) -> None:
+    seen: dict[Path, Path] = {}
+    for c in configs:
+        out = load_config(c).out.resolve()
+        if out in seen:
+            raise QuantflowError(f"{seen[out]} and {c} both build into {out}: give them different build.output_dir "
+                                 f"to build them together")
+        seen[out] = c
+
+
+def build(configs: list[Path], jobs: int, tasks: list[str], always: bool) -> int:
+    """Build every config; the worst exit code.  Several configs: each in a subprocess, ``jobs`` at a time, each
+    one's output printed whole under a ``===== CONFIG: built | FAILED`` line when it ends."""
+    if jobs < 1:
+        raise QuantflowError(f"-j must be at least 1, got {jobs}")
+    if len(configs) == 1:
+        return _build_here(configs[0], tasks, always)
+    _check_output_dirs(configs)
+    worst = 0
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for config, (code, text) in zip(configs, pool.map(lambda c: _build_apart(c, tasks, always), configs)):
+            print(f"===== {config}: {'built' if code == 0 else f'FAILED (exit {code})'}")
+            print(text, end="" if text.endswith("\n") else "\n", flush=True)
+            worst = max(worst, code)
+    return worst
+
+
+# ----------------------------------------------------------------------------- list / report
+
+def list_stages(config: Path) -> int:
+    """Each stage with its state and where its current output is; reads only, so it may run during a build."""
+    from ..pipeline.build import Build
+    from ..pipeline.doit_graph import artifact_status
+    from ..tasks import STAGES
+
+    c = load_config(config)
+    keyed = artifact_status(c)
+    b = Build(c)
+    for name, stage in STAGES.items():
+        if not stage.used(c):
+            state, where = "not used", None
+        elif name in keyed:
+            done, where = keyed[name]
+            state = "up to date" if done else "to run"
+        elif stage.keyed:
+            state, where = "to run", None
+        else:
+            state, where = stage.status(b)
+        print(f"{name:<10} {state:<10}  {stage.doc}" + (f"  [{where}]" if where else ""))
+    if not keyed:
+        print(f"(nothing sampled yet for {config}: the artifact folders are known once `sample` has run)")
+    return 0
+
+
+def report(config: Path) -> int:
+    """Print the last build's accuracy report and the gate's verdict (from ``<output_dir>/latest.json``)."""
+    from ..tasks.summary import latest_path, read_latest
+
+    path = latest_path(load_config(config))
+    if not path.is_file():
+        raise QuantflowError(f"no build to report: {path} not found (run `quantflow build {config}` first)")
+    latest = read_latest(path)
+    try:
+        text, g = Path(latest["accuracy_report"]), latest["gate"]
+        verdict = f"gate: {'PASS' if g['passed'] else 'FAIL'} ({g['verdict']})"
+    except (KeyError, TypeError) as err:
+        raise QuantflowError(f"{path} lacks {err}; rebuild with `quantflow build`") from None
+    if not text.is_file():
+        raise QuantflowError(f"the last build's report {text} (named by {path}) is missing; rebuild with "
+                             f"`quantflow build`")
+    print(text.read_text(), end="")
+    print(verdict)
+    print(f"build report: {latest.get('report')}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- main
+
+def _parser() -> argparse.ArgumentParser:
+    from .init import add_arguments
+
+    ap = argparse.ArgumentParser(prog="quantflow", description="INT8 quantization and .om build for Ascend NPUs")
+    sub = ap.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="run the build graph for one or more configs")
+    b.add_argument("targets", nargs="*", metavar="CONFIG|STAGE",
+                   help=f"configuration files (default {DEFAULT_CONFIG_NAME}) and the stages to run with what they "
+                        f"need (default all)")
+    b.add_argument("-j", "--jobs", type=int, default=1, help="configs built at once (each in its own process)")
+    b.add_argument("--always", action="store_true", help="rerun every stage, up to date or not")
+    b.add_argument("--task", action="append", default=[], help="a stage to run (for a stage named like a file)")
+    i = sub.add_parser("init", help="write a commented quantflow.toml for your model")
+    add_arguments(i)
+    i.add_argument("--data", dest="calib", type=Path, default=argparse.SUPPRESS, help="the same as --calib")
+    for name, text in (("list", "the stages, their state and artifact folders"), ("report", "the last build's report")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("config", nargs="?", type=Path, default=Path(DEFAULT_CONFIG_NAME))
+    return ap
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_args(argv)
+    try:
+        if a.command == "build":
+            configs, tasks = _split_targets(a.targets, a.task)
+            return build(configs, a.jobs, tasks, a.always)
+        if a.command == "init":
+            from .init import write_config
+            print(f"wrote {write_config(a)}; edit the lines marked EDIT, then run `quantflow build`")
+            return 0
+        return list_stages(a.config) if a.command == "list" else report(a.config)
+    except (QuantflowError, OSError) as err:
+        print(f"quantflow: {err}", file=sys.stderr)
+        return USAGE_ERROR

@@ -1,0 +1,8 @@
+"""Evaluation: the INT8 emulation against FP32 on held-out images, and the metrics the gate and the automatic
+fallback judge by.
+
+- ``runs``: what is run -- the held-out set (``HeldOut``), FP32 (the graph IR on the training preprocessing) and
+  INT8 (each uint8 image through AIPP into the emulation of the deploy graph), sharded over ``[engine]`` with
+  the single process's numbers bit for bit;
+- ``metrics``: the metric protocol and its registry (``evaluation.metric``): ``top1`` and ``outputs``.
+"""

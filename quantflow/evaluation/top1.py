@@ -1,0 +1,119 @@
+"""The ``top1`` metric (classification): top-1 of the INT8 emulation against FP32 on per-class held-out folders;
+passes when the drop is within ``evaluation.threshold`` (and no class drops more than
+``evaluation.max_class_drop``)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..quantization.deploy import quantized_graph
+from .protocol import Series, in_float
+from .runs import fp32_logits, int8_logits
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.2f}%"
+
+
+def compare(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, threshold: float,
+            max_class_drop: float | None = None) -> dict:
+    """Top-1 of both, overall and per class; passes when the overall drop is within ``threshold`` and, when
+    ``max_class_drop`` is given, no class drops more than that."""
+    fp_pred, q_pred = fp.argmax(1), q.argmax(1)
+    fp_acc = float((fp_pred == labels).mean())
+    q_acc = float((q_pred == labels).mean())
+    drop = fp_acc - q_acc
+    per_class = {}
+    for c in np.unique(labels):
+        m = labels == c
+        per_class[str(int(c))] = {"images": int(m.sum()), "fp32_top1": float((fp_pred[m] == c).mean()),
+                                  "int8_top1": float((q_pred[m] == c).mean())}
+    scale = np.abs(fp).max() if fp.size else 1.0
+    class_failures = [] if max_class_drop is None else [
+        c for c, v in per_class.items() if v["fp32_top1"] - v["int8_top1"] > max_class_drop + 1e-12]
+    return {
+        "images": int(len(labels)),
+        "fp32_top1": fp_acc,
+        "int8_top1": q_acc,
+        "drop": drop,
+        "threshold": threshold,
+        "passed": bool(drop <= threshold + 1e-12) and not class_failures,
+        "max_class_drop": max_class_drop,
+        "class_failures": class_failures,
+        "top1_agreement": float((fp_pred == q_pred).mean()),
+        "max_abs_logit_diff": float(np.abs(fp - q).max()),
+        "relative_logit_error": float(np.abs(fp - q).mean() / max(scale, 1e-12)),
+        "per_class": per_class,
+    }
+
+
+
+class Top1:
+    name = "top1"
+    summary_keys = ("fp32_top1", "int8_top1", "drop", "threshold")  # the build summary's (latest.json)
+    step_keys = ("int8_top1", "drop")                                 # each fallback step's
+
+    def evaluate(self, ev, limits, graph, folded, qparams, aipp_params: dict) -> dict:
+        return self.checker(ev, limits, graph, folded, aipp_params)(qparams)
+
+    def checker(self, ev, limits, graph, folded, aipp_params: dict):
+        """``check(qparams) -> report`` for the automatic fallback: the FP32 logits computed once."""
+        fp = fp32_logits(ev, graph)
+        return lambda qparams: compare(fp, int8_logits(ev, quantized_graph(folded, qparams), aipp_params), ev.labels,
+                                       limits.threshold, limits.max_class_drop)
+
+    def focus(self, r: dict) -> None:
+        """The network outputs a failed check points at: top-1 reads the one output."""
+        return None
+
+    def step_line(self, st: dict) -> str:
+        return f"INT8 top-1 {st['int8_top1']:.4f} (drop {st['drop'] * 100:.2f} points)"
+
+    def steps_series(self, steps: list[dict], gate: dict) -> Series:
+        return Series([s["int8_top1"] * 100 for s in steps], (gate["fp32_top1"] - gate["threshold"]) * 100,
+                      "top-1 (%)", "INT8 top-1", gate["fp32_top1"] * 100, "FP32 top-1")
+
+    def steps_table(self, steps: list[dict]) -> tuple[list[str], list[list]]:
+        return (["step", "layers in float16", "INT8 ops", "INT8 top-1", "drop (points)", "passed"],
+                [[i, in_float(s), s["int8_ops"], _pct(s["int8_top1"]), f"{s['drop'] * 100:+.2f}", s["passed"]]
+                 for i, s in enumerate(steps)])
+
+    def table(self, r: dict) -> list[str]:
+        lines = [
+            f"  {'model':<8} {'top-1':>8}",
+            f"  {'FP32':<8} {r['fp32_top1'] * 100:>7.2f}%",
+            f"  {'INT8':<8} {r['int8_top1'] * 100:>7.2f}%",
+            f"  drop {r['drop'] * 100:+.2f} points (allowed {r['threshold'] * 100:.2f}); "
+            f"top-1 agreement {r['top1_agreement'] * 100:.2f}%",
+            f"  {'class':<8} {'images':>6} {'FP32':>8} {'INT8':>8}",
+        ]
+        for c, v in r["per_class"].items():
+            lines.append(f"  {c:<8} {v['images']:>6} {v['fp32_top1'] * 100:>7.2f}% {v['int8_top1'] * 100:>7.2f}%")
+        for c in r.get("class_failures", []):
+            v = r["per_class"][c]
+            lines.append(f"  class {c} drops {(v['fp32_top1'] - v['int8_top1']) * 100:.2f} points, more than "
+                         f"evaluation.max_class_drop {r['max_class_drop'] * 100:.2f}")
+        return lines
+
+    def verdict(self, r: dict) -> str:
+        return (f"FP32 top-1 {r['fp32_top1']:.4f}, INT8 top-1 {r['int8_top1']:.4f}, drop {r['drop']:.4f}, "
+                f"threshold {r['threshold']:g}")
+
+    def failure(self, r: dict) -> str | None:
+        if r.get("class_failures"):
+            return (f"class(es) {', '.join(r['class_failures'])} lose more top-1 than evaluation.max_class_drop "
+                    f"{r['max_class_drop'] * 100:.2f} points")
+        if not r["passed"]:
+            return (f"INT8 top-1 {r['int8_top1']:.4f} vs FP32 {r['fp32_top1']:.4f}: drop {r['drop'] * 100:.2f} "
+                    f"points exceeds evaluation.threshold {r['threshold'] * 100:.2f}")
+        return None
+
+    def summary_rows(self, r: dict) -> list[list]:
+        return [["FP32 top-1", _pct(r["fp32_top1"])], ["INT8 top-1", _pct(r["int8_top1"])],
+                ["drop (points)", f"{r['drop'] * 100:+.2f}"], ["allowed drop (points)", f"{r['threshold'] * 100:.2f}"],
+                ["top-1 agreement", _pct(r["top1_agreement"])]]
+
+    def details(self, r: dict) -> tuple[str, str, list[str], list[list]]:
+        """(section id, title, header, rows) of the HTML report's second section."""
+        return ("per-class", "Per class", ["class", "images", "FP32", "INT8", "drop (points)"],
+                [[c, v["images"], _pct(v["fp32_top1"]), _pct(v["int8_top1"]),
+                  f"{(v['fp32_top1'] - v['int8_top1']) * 100:+.2f}"] for c, v in r["per_class"].items()])

@@ -1,0 +1,12 @@
+"""The accuracy report as text (the console and ``accuracy_report.txt``)."""
+from __future__ import annotations
+
+from ..evaluation.metrics import metric
+
+
+def format_table(r: dict) -> str:
+    """The report as text: where it was measured, then the metric's own table."""
+    verdict = "PASS" if r["passed"] else "FAIL"
+    head = (f"accuracy gate: {verdict}  ({r['images']} held-out images from {r.get('eval_data', '?')}, "
+            f"calibration method {r.get('calibration_method', '?')}, {r.get('quantized_ops', '?')} INT8 ops)")
+    return "\n".join([head] + metric(r).table(r))

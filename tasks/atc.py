@@ -1,0 +1,88 @@
+"""atc: the offline model (.om) for ``build.soc_version``, converted by CANN's ``atc`` when it is found
+(``quantflow.backends.atc``); a reported skip without CANN (a failure with ``build.require_om``).  The cached
+result stands only while atc's availability is unchanged."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from quantflow.backends.atc import atc_command, find_atc, not_found_reason, run_atc
+from quantflow.errors import AtcError
+from quantflow.io.atomic import PARTIAL, write_json, write_text
+
+from .aipp import AIPP_CFG
+from .export import read_status
+from .stage import Stage
+
+ATC_JSON, ATC_LOG = "atc.json", "atc.log"
+
+
+def atc_model(cfg, export: dict) -> tuple[str, int]:
+    """(model file, atc --framework) for build.atc_model: an AIR where one exists, else the ONNX."""
+    if cfg.build.atc_model == "fp32":
+        return (export["air"], 1) if export.get("air") else (export["fp32_onnx"], 5)
+    return (export["deploy_air"], 1) if export.get("deploy_air") else (export["deploy_onnx"], 5)
+
+
+def atc_stage(cfg, kdir: Path, export_dir: Path, aipp_dir: Path) -> dict:
+    kdir, export_dir = Path(kdir), Path(export_dir)
+    export = read_status(export_dir)
+    atc = find_atc()
+    status = {"atc": str(atc) if atc else None, "soc_version": cfg.build.soc_version, "model": cfg.build.atc_model,
+              "om": None, "command": None}
+    model, framework = atc_model(cfg, export)
+    status.update(input=model, framework=framework)
+    if atc is None:
+        status.update(status="skipped", reason=not_found_reason())
+    else:
+        # atc writes into a scratch folder (a fixed name: the command is recorded in atc.json, and one build
+        # runs per folder at a time); the finished .om is renamed into place
+        scratch = kdir / f".atc{PARTIAL}d"
+        shutil.rmtree(scratch, ignore_errors=True)
+        cmd = atc_command(atc, export_dir / model, framework, scratch / "model", cfg.build.soc_version,
+                          Path(aipp_dir) / AIPP_CFG, cfg.build.precision_mode, cfg.model.input_name,
+                          cfg.model.input_shape, cfg.build.atc_args)
+        status["command"] = cmd
+        print("running: " + " ".join(cmd))
+        try:
+            result = run_atc(cmd, scratch / "model", cfg.build.atc_timeout_s)
+            os.replace(scratch / result["om"], kdir / result["om"])
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        status.update(status="built", om=result["om"], reason=None)
+        write_text(kdir / ATC_LOG, result["log"] + "\n")
+    write_json(kdir / ATC_JSON, status)
+    if status["status"] == "skipped":
+        msg = f"SKIPPED atc conversion for {cfg.build.soc_version}: {status['reason']}; no .om was written"
+        if cfg.build.require_om:
+            raise AtcError(msg + " (build.require_om = true)")
+        print(msg)
+    else:
+        print(f"built offline model {kdir / status['om']} for {cfg.build.soc_version}")
+    return status
+
+
+def _uptodate(b) -> bool:
+    """The cached atc result stands only while atc's availability is unchanged."""
+    try:
+        recorded = json.loads((b.dir("atc") / ATC_JSON).read_text())
+    except (OSError, ValueError):
+        return False
+    atc = find_atc()
+    return recorded.get("atc") == (str(atc) if atc else None)
+
+
+def _summary(b) -> dict:
+    atc = json.loads((b.dir("atc") / ATC_JSON).read_text())
+    return {"om": str(b.dir("atc") / atc["om"]) if atc.get("om") else None,
+            "atc": atc["status"] if atc["status"] != "skipped" else f"skipped: {atc['reason']}"}
+
+
+STAGE = Stage(
+    name="atc", doc="atc conversion to an .om for build.soc_version (a reported skip without CANN)",
+    run=lambda b: atc_stage(b.cfg, b.dir("atc"), b.dir("export"), b.dir("aipp")), needs=("export", "aipp"),
+    key_inputs=lambda b: {"build": b.cfg.model_dump(mode="json")["build"], "input_name": b.cfg.model.input_name,
+                          "input_shape": list(b.cfg.model.input_shape)},
+    outputs=(ATC_JSON,), uptodate=_uptodate, summary=_summary)

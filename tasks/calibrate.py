@@ -1,0 +1,103 @@
+"""calibrate: BatchNorm folded; observers on the input of every quantized op, two passes over the calibration
+images (ranges, then histograms); the Ascend INT8 parameters (``qparams``, bias-corrected if asked); the
+observers' histograms; the per-layer error analysis (``sensitivity.json``)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from quantflow.engine import shard
+from quantflow.errors import ConfigError, UnsupportedNetworkError
+from quantflow.io.atomic import save_npz, write_json, write_text
+from quantflow.quantization.qparams import QPARAMS_JSON, QPARAMS_NPZ
+
+from .inputs import image_batches, read_graph
+from .stage import Stage
+
+CALIBRATION_TXT, SENSITIVITY_JSON, HISTOGRAMS_NPZ = "calibration.txt", "sensitivity.json", "histograms.npz"
+
+
+def _check_patterns(nodes, cfg) -> None:
+    from quantflow.quantization.selection import unmatched
+
+    q = cfg.quantization
+    for field, patterns in (("quantization.skip", q.skip), ("quantization.methods", list(q.methods))):
+        bad = unmatched(nodes, patterns)
+        if bad:
+            names = ", ".join(n.label for n in nodes[:6]) + (", ..." if len(nodes) > 6 else "")
+            raise ConfigError(f"{field}: pattern(s) {', '.join(map(repr, bad))} name no quantizable op (node name, "
+                              f"layer scope glob or op type; the quantizable ops are: {names})")
+
+
+def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path], graph_dir: Path):
+    """Ranges and INT8 parameters (``qparams``), the observers' histograms, and the per-layer error
+    analysis (``sensitivity.json``; with ``quantization.bias_correction`` the biases are corrected by it
+    first)."""
+    from quantflow.frontends.source import model_file
+    from quantflow.quantization.calibrater import calibrate_with, quantizable_nodes
+    from quantflow.quantization.passes import fold_for_quantization
+    from quantflow.quantization.sensitivity import analyse, correct_bias
+
+    k, q = cfg.calibration, cfg.quantization
+    graph = fold_for_quantization(read_graph(cfg, graph_dir))
+    _check_patterns(quantizable_nodes(graph), cfg)
+    batches = image_batches(cfg, calibration_paths, k.batch_size)
+    qp, cal = calibrate_with(graph, batches, k.method, k.percentile, k.histogram_bins, k.kl_max_clipped, q.skip,
+                             q.methods)
+    if not qp.ops:
+        raise UnsupportedNetworkError(f"{model_file(cfg, graph_dir)}: no Conv2D or MatMul with constant weights is "
+                                      f"left to quantize (quantization.skip: {list(q.skip)})")
+    sample = image_batches(cfg, calibration_paths[:q.sensitivity_images], k.batch_size)
+    if q.bias_correction:
+        qp = correct_bias(qp, analyse(graph, qp, sample, bias_shift=True, engine=cfg.engine).bias_shift)
+    print(f"per-layer analysis: {len(qp.ops)} ops, {shard.where(cfg.engine)}")
+    sensitivity = analyse(graph, qp, sample, engine=cfg.engine)
+    qp.save(kdir)
+    write_json(kdir / SENSITIVITY_JSON, sensitivity.as_dict())
+    save_npz(kdir / HISTOGRAMS_NPZ, {f"{i}.{name}": v for i, op in enumerate(qp.ops)
+                                     for name, v in _histogram(cal.observers[op.input]).items()})
+    table = qp.table()
+    write_text(Path(kdir, CALIBRATION_TXT),
+               f"method {k.method}, {len(batches)} images, {len(qp.ops)} quantized ops\n{table}\n\n"
+               f"per-layer sensitivity on {sensitivity.images} calibration images (most sensitive first)\n"
+               f"{sensitivity.table()}\n")
+    return qp, len(batches), table + "\nmost sensitive layers:\n" + sensitivity.table(5)
+
+
+def _histogram(obs) -> dict:
+    if obs.hist_signed is None:  # minmax collects no histograms
+        return {}
+    return {"hist": obs.hist_signed, "range": np.array([obs.lo, obs.hi])}
+
+
+def load_histograms(calibrate_dir: Path, qp) -> dict:
+    """node -> {"scope", "hist", "lo", "hi", "clip"} for the ops whose input histogram was collected."""
+    path = Path(calibrate_dir) / HISTOGRAMS_NPZ
+    arrays = np.load(path) if path.is_file() else {}
+    out = {}
+    for i, op in enumerate(qp.ops):
+        if f"{i}.hist" in arrays:
+            lo, hi = (float(v) for v in arrays[f"{i}.range"])
+            out[op.node] = {"scope": op.scope, "hist": arrays[f"{i}.hist"], "lo": lo, "hi": hi,
+                            "clip": (op.stats["lo"], op.stats["hi"])}
+    return out
+
+
+def _run(b) -> None:
+    kdir = b.dir("calibrate")
+    qp, images, table = calibrate_stage(b.cfg, kdir, b.calibration_paths(), b.dir("graph"))
+    print(f"calibrated {len(qp.ops)} INT8 ops with {qp.method} on {images} images -> {kdir / QPARAMS_JSON}\n{table}")
+
+
+def _key_inputs(b) -> dict:
+    c = b.cfg.model_dump(mode="json")
+    return {"calibration": c["calibration"], "manifest": b.manifest_digest(), "normalization": c["normalization"],
+            "quantization": {k: v for k, v in c["quantization"].items() if k not in ("fallback", "max_fallback")}}
+
+
+STAGE = Stage(
+    name="calibrate", doc="observers on every quantized op's input, activation ranges, Ascend INT8 parameters",
+    run=_run, needs=("sample", "graph"), key_inputs=_key_inputs,
+    outputs=(QPARAMS_JSON, QPARAMS_NPZ, CALIBRATION_TXT, SENSITIVITY_JSON, HISTOGRAMS_NPZ),
+    summary=lambda b: {"sensitivity": str(b.dir("calibrate") / SENSITIVITY_JSON)})

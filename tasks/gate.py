@@ -1,0 +1,94 @@
+"""gate: the accuracy verdict on the final INT8 parameters: the INT8 emulation (each uint8 held-out image through
+the verified AIPP config) against FP32, judged by ``evaluation.metric`` (``quantflow.evaluation``); the accuracy
+report and the HTML build report, written before a failure is raised, so a failing build has its report too."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from quantflow.data.images import IMAGE_EXTS
+from quantflow.engine import shard
+from quantflow.errors import AccuracyGateError
+from quantflow.io.atomic import write_json, write_text
+from quantflow.io.digest import folder_digest
+from quantflow.quantization.qparams import QuantParams
+
+from .aipp import read_params
+from .calibrate import SENSITIVITY_JSON, load_histograms
+from .fallback import FALLBACK_JSON
+from .inputs import evaluation_set, read_graph
+from .stage import Stage
+
+REPORT_JSON, REPORT_TXT, REPORT_HTML = "accuracy_report.json", "accuracy_report.txt", "report.html"
+ADVICE_LAYERS = 5   # the most sensitive layers a failing gate names
+
+
+def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_dir: Path, aipp_dir: Path) -> dict:
+    from quantflow.evaluation.metrics import metric
+    from quantflow.quantization.passes import fold_for_quantization
+    from quantflow.report import html
+    from quantflow.report.text import format_table
+
+    kdir = Path(kdir)
+    graph = read_graph(cfg, graph_dir)
+    qp = QuantParams.load(fallback_dir)
+    ev = evaluation_set(cfg)
+    print(f"gate: FP32 and INT8 on {len(ev)} held-out images {shard.where(cfg.engine)}")
+    m = metric(cfg.evaluation.metric)
+    report = m.evaluate(ev, cfg.evaluation, graph, fold_for_quantization(graph), qp, read_params(aipp_dir))
+    report.update(metric=m.name, eval_data=str(cfg.evaluation.data_dir), calibration_method=qp.method,
+                  quantized_ops=len(qp.ops))
+    write_json(kdir / REPORT_JSON, report, sort_keys=False)
+    write_text(kdir / REPORT_TXT, format_table(report) + "\n")
+    sensitivity = json.loads((Path(calibrate_dir) / SENSITIVITY_JSON).read_text())
+    fallback = json.loads((Path(fallback_dir) / FALLBACK_JSON).read_text())
+    html.write(kdir / REPORT_HTML, f"quantflow build report: {cfg.model.entry or cfg.model.mindir or cfg.model.onnx}",
+               report, sensitivity, load_histograms(calibrate_dir, QuantParams.load(calibrate_dir)), fallback)
+    print(format_table(report))
+    print(f"build report: {kdir / REPORT_HTML}")
+    failure = m.failure(report)
+    if failure:
+        raise AccuracyGateError(f"{failure}{_advice(sensitivity, qp, cfg)} (report: {kdir / REPORT_HTML})")
+    return report
+
+
+def _advice(sensitivity: dict, qp, cfg) -> str:
+    """The most sensitive layers still in INT8 and the settings to try."""
+    int8 = {op.node: op.scope for op in qp.ops}
+    worst = [n for n in sensitivity["ranking"] if n in int8][:ADVICE_LAYERS]
+    rows = {r["node"]: r for r in sensitivity["ops"]}
+    layers = "; ".join(f"{int8[n]} (output SQNR {rows[n]['output']['sqnr_db']:.1f} dB alone in INT8)" for n in worst)
+    tries = []
+    if cfg.quantization.fallback == "off":
+        tries.append('quantization.fallback = "auto" (rolls the most sensitive layers back to float16)')
+    else:
+        tries.append(f"a larger quantization.max_fallback (now {cfg.quantization.max_fallback})")
+    if cfg.calibration.method != "mse":
+        tries.append('calibration.method = "mse"')
+    tries.append("quantization.skip = [<layer>] for a layer above")
+    return f". Most sensitive layers: {layers}. Try {'; or '.join(tries)}"
+
+
+def _key_inputs(b) -> dict:
+    c = b.cfg.model_dump(mode="json")
+    return {"evaluation": c["evaluation"], "eval_data": folder_digest(b.cfg.path(b.cfg.evaluation.data_dir), IMAGE_EXTS),
+            "normalization": c["normalization"], "num_classes": b.cfg.model.num_classes}
+
+
+def _summary(b) -> dict:
+    from quantflow.evaluation.metrics import metric
+
+    d = b.dir("gate")
+    report = json.loads((d / REPORT_JSON).read_text())
+    m = metric(report)
+    return {"gate": {"passed": report["passed"], "metric": m.name, "verdict": m.verdict(report),
+                     **{k: report[k] for k in m.summary_keys}},
+            "accuracy_report": str(d / REPORT_TXT), "report": str(d / REPORT_HTML)}
+
+
+STAGE = Stage(
+    name="gate", doc="INT8 emulation vs FP32 on held-out images; fails beyond the evaluation limits",
+    run=lambda b: gate_stage(b.cfg, b.dir("gate"), b.dir("graph"), b.dir("calibrate"), b.dir("fallback"),
+                             b.dir("aipp")),
+    needs=("graph", "calibrate", "fallback", "aipp"), key_inputs=_key_inputs,
+    outputs=(REPORT_JSON, REPORT_TXT, REPORT_HTML), summary=_summary)

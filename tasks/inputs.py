@@ -1,0 +1,29 @@
+"""What several stages read, made one way from the configuration: the calibration images as preprocessed
+batches, the held-out set, and the network as graph IR."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from quantflow.data.images import ImageBatches
+from quantflow.evaluation.runs import HeldOut, held_out
+
+
+def image_batches(cfg, paths, batch_size: int) -> ImageBatches:
+    """``paths`` in the training preprocessing, ``batch_size`` images at a time."""
+    _, c, h, w = cfg.model.input_shape
+    n = cfg.normalization
+    return ImageBatches(paths, c, h, w, n.mean, n.std, n.scale, n.channel_order, batch_size)
+
+
+def evaluation_set(cfg) -> HeldOut:
+    """The held-out images of ``evaluation.data_dir`` and how each reaches FP32 and INT8."""
+    e, n = cfg.evaluation, cfg.normalization
+    return held_out(cfg.path(e.data_dir), cfg.labelled_classes, e.allow_missing_classes, cfg.root,
+                    shape=tuple(cfg.model.input_shape[1:]), normalization=(n.mean, n.std, n.scale, n.channel_order),
+                    frame_order=cfg.aipp.input_channel_order, batch_size=e.batch_size, engine=cfg.engine)
+
+
+def read_graph(cfg, graph_dir: Path):
+    """The network as graph IR (from the file the graph stage checked)."""
+    from quantflow.frontends.source import read_model
+    return read_model(cfg, graph_dir)

@@ -1,0 +1,99 @@
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from quantflow.tasks.inputs import evaluation_set
+
+from quantflow.backends.aipp import parse
+from quantflow.evaluation.metrics import metric
+from quantflow.evaluation.outputs import compare_outputs
+from quantflow.evaluation.top1 import compare
+from quantflow.frontends.mindir import read_mindir
+from quantflow.quantization.passes import fold_for_quantization
+from quantflow.quantization.qparams import QuantParams
+from quantflow.report.text import format_table
+
+
+def test_compare_arithmetic():
+    labels = np.array([0, 1, 1, 0])
+    fp = np.array([[2.0, 0], [0, 2], [0, 2], [2, 0]])
+    q = np.array([[2.0, 0], [0, 2], [2, 0], [2, 0]])
+    r = compare(fp, q, labels, threshold=0.2)
+    assert r["fp32_top1"] == 1.0 and r["int8_top1"] == 0.75 and r["drop"] == 0.25
+    assert r["passed"] is False and r["top1_agreement"] == 0.75
+    assert r["per_class"]["1"] == {"images": 2, "fp32_top1": 1.0, "int8_top1": 0.5}
+    assert compare(fp, q, labels, threshold=0.25)["passed"] is True
+    text = format_table(r)
+    assert "accuracy gate: FAIL" in text and "drop -25.00 points" not in text and "+25.00 points" in text
+
+
+def test_compare_outputs_arithmetic():
+    """Per-image sums (as output_stats keeps them) pooled per output: the cosine and SQNR of the whole output,
+    its worst image, and a verdict per output against min_cosine."""
+    rng = np.random.default_rng(0)
+    f = rng.normal(size=(3, 2, 40))                      # images x outputs x values
+    q = f.copy()
+    q[1, 1] += 0.3 * rng.normal(size=40)                 # image 1 spoils output "o1"
+    stats = np.stack([np.sum(f * q, 2), np.sum(f * f, 2), np.sum(q * q, 2), np.sum((f - q) ** 2, 2),
+                      np.abs(f - q).max(2)], 2)
+    r = compare_outputs(stats, ["o0", "o1"], [(1, 40), (1, 40)], ["img0", "img1", "img2"], min_cosine=0.999)
+    o0, o1 = r["outputs"]
+    assert o0["cosine"] == 1.0 and o0["sqnr_db"] == float("inf") and o0["passed"] and o0["max_abs_diff"] == 0
+    a, b = f[:, 1].ravel(), q[:, 1].ravel()
+    assert o1["cosine"] == pytest.approx(a @ b / np.sqrt((a @ a) * (b @ b)), abs=1e-12) and o1["cosine"] < 0.999
+    assert o1["sqnr_db"] == pytest.approx(10 * np.log10((a @ a) / ((a - b) @ (a - b))), abs=1e-9)
+    assert o1["worst_image"] == "img1" and o1["worst_image_cosine"] < o1["cosine"]
+    assert r["failures"] == ["o1"] and not r["passed"] and r["least_cosine"] == o1["cosine"]
+    r.update(metric="outputs")
+    assert "accuracy gate: FAIL" in format_table(r) and "img1" in format_table(r)
+    assert metric(r).failure(r).startswith("INT8 output(s) o1 (cosine")
+    assert compare_outputs(stats, ["o0", "o1"], [(1, 40)] * 2, ["a", "b", "c"], min_cosine=o1["cosine"])["passed"]
+
+
+def test_demo_passes_and_a_tampered_quantization_fails(built_demo, demo_cfg):
+    dirs = {k: Path(v) for k, v in json.loads((built_demo[0] / "build" / "latest.json").read_text())["artifacts"].items()}
+    graph = read_mindir(dirs["graph"] / "model.mindir")
+    folded = fold_for_quantization(graph)
+    qp = QuantParams.load(dirs["fallback"])
+    aipp = parse((dirs["aipp"] / "aipp.cfg").read_text())
+    ev = evaluation_set(demo_cfg)
+    good = metric("top1").evaluate(ev, demo_cfg.evaluation, graph, folded, qp, aipp)
+    assert good["passed"] and good["top1_agreement"] > 0.97
+    # break it: the second convolution's weights lose all but their sign
+    broken = copy.deepcopy(qp)
+    broken.ops[1].weight = (np.sign(broken.ops[1].weight) * 127).astype(np.int8)
+    bad = metric("top1").evaluate(ev, demo_cfg.evaluation, graph, folded, broken, aipp)
+    assert not bad["passed"]
+    assert bad["drop"] > demo_cfg.evaluation.threshold
+    assert bad["fp32_top1"] == good["fp32_top1"]
+
+
+def test_a_single_class_drop_can_fail_the_gate():
+    labels = np.array([0, 0, 1, 1, 2, 2, 2, 2])
+    fp = np.eye(3)[labels]
+    q = fp.copy()
+    q[2] = [1, 0, 0]  # one of class 1's two images lost: overall drop 1/8, class 1 drop 1/2
+    assert compare(fp, q, labels, threshold=0.2)["passed"]
+    r = compare(fp, q, labels, threshold=0.2, max_class_drop=0.25)
+    assert not r["passed"] and r["class_failures"] == ["1"]
+    assert "class 1 drops 50.00 points, more than evaluation.max_class_drop 25.00" in format_table(r)
+
+
+def test_a_class_without_held_out_images_is_an_error_unless_allowed(tmp_path):
+    import shutil
+    import tomllib
+
+    from quantflow.config import config_from_dict
+    from quantflow.errors import DataError
+
+    repo = Path(__file__).resolve().parents[1]
+    shutil.copytree(repo / "eval_data", tmp_path / "eval_data")
+    shutil.rmtree(tmp_path / "eval_data" / "3")
+    d = tomllib.loads((repo / "quantflow.toml").read_text())
+    with pytest.raises(DataError, match=r"no held-out images for class\(es\) 3 of the model's 10"):
+        evaluation_set(config_from_dict(d, root=tmp_path))
+    d["evaluation"]["allow_missing_classes"] = True
+    ev = evaluation_set(config_from_dict(d, root=tmp_path))
+    assert 3 not in ev.labels and len(ev.paths) == len(ev.labels) > 300
