@@ -169,15 +169,99 @@ class EvaluationSection(_Section):
         return self
 
 
+# the [aipp] section's imports stay beside it (one owner per section)
+import math  # noqa: E402
+
+from .engine.aipp import MAX_IMAGE_SIZE, MAX_PADDING, STANDARDS, SUPPORTED_FORMATS  # noqa: E402
+
+
+class AippPadding(_Section):
+    """``aipp.padding``: border pixels added around the frame's pixels, per side (at most 32 each on the device)."""
+    top: int = Field(default=0, ge=0, le=MAX_PADDING)
+    bottom: int = Field(default=0, ge=0, le=MAX_PADDING)
+    left: int = Field(default=0, ge=0, le=MAX_PADDING)
+    right: int = Field(default=0, ge=0, le=MAX_PADDING)
+
+
 class AippSection(_Section):
-    template: Path = Field(description="an AIPP template file, or the name of one shipped with quantflow "
-                                       "(static_rgb888_u8.cfg, static_yuv400_u8.cfg)")
+    template: Optional[Path] = Field(
+        default=None, description="an AIPP template file, or the name of one shipped with quantflow; default: the "
+                                  "shipped template of aipp.input_format (static_<format>.cfg)")
+    input_format: Optional[Literal[tuple(SUPPORTED_FORMATS)]] = Field(
+        default=None, description="the frames the device receives: RGB888_U8, YUV400_U8, YUV420SP_U8 (NV12) or "
+                                  "XRGB8888_U8; default: the template's")
+    color_matrix: Optional[Literal[tuple(STANDARDS)]] = Field(
+        default=None, description="YUV420SP_U8: the frames' YUV standard, bt601_narrow (default), bt601_full (JPEG) "
+                                  "or bt709_narrow; the matrix rows follow normalization.channel_order")
     input_channel_order: Literal["RGB", "BGR", "GRAY"] = Field(
-        default="BGR", description="channel order of the raw frames fed to the model on the device")
+        default="BGR", description="channel order of the raw RGB888_U8 / XRGB8888_U8 frames fed to the model on the "
+                                   "device (not used for YUV frames)")
+    src_image_size: Optional[tuple[int, int]] = Field(
+        default=None, description="[w, h] of the frames, when larger than the crop (default: the crop window's end)")
+    load_start_pos: Optional[tuple[int, int]] = Field(default=None, description="[w, h]: where the crop starts")
+    crop_size: Optional[tuple[int, int]] = Field(
+        default=None, description="[w, h] of the crop: the model input less the padding (the default)")
+    padding: Optional[AippPadding] = Field(default=None, description="{top, bottom, left, right} border pixels")
+    padding_value: float = Field(default=0.0, description="the AIPP output value of padded pixels (after "
+                                                          "normalization: 0 is the training mean)")
     config_file: Optional[Path] = Field(
         default=None, description="a hand-written AIPP config to verify and use instead of the generated one")
     tolerance: float = Field(default=5e-3, gt=0.0, description="largest allowed |AIPP - training| difference, relative to max(1, |value|)")
     verify_images: int = Field(default=32, gt=0, description="calibration images used for the AIPP check")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _template_of_format(cls, data):
+        if isinstance(data, dict) and data.get("template") is None and data.get("input_format") in SUPPORTED_FORMATS:
+            data = {**data, "template": f"static_{data['input_format'].lower()}.cfg"}
+        return data
+
+    @field_validator("src_image_size", "crop_size")
+    @classmethod
+    def _size(cls, v):
+        if v is not None and not all(1 <= d <= MAX_IMAGE_SIZE for d in v):
+            raise ValueError(f"[w, h], each in [1, {MAX_IMAGE_SIZE}], got {list(v)}")
+        return v
+
+    @field_validator("load_start_pos")
+    @classmethod
+    def _start(cls, v):
+        if v is not None and not all(0 <= d < MAX_IMAGE_SIZE for d in v):
+            raise ValueError(f"[w, h], each in [0, {MAX_IMAGE_SIZE - 1}], got {list(v)}")
+        return v
+
+    @field_validator("padding_value")
+    @classmethod
+    def _float16(cls, v):
+        if not (math.isfinite(v) and abs(v) <= 65504.0):
+            raise ValueError(f"must be a finite float16 value (|v| <= 65504), got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.template is None and self.config_file is None:
+            raise ValueError(f"give aipp.input_format ({', '.join(SUPPORTED_FORMATS)}), aipp.template or "
+                             f"aipp.config_file")
+        set_geometry = [f"aipp.{k}" for k in ("src_image_size", "load_start_pos", "crop_size", "padding", "color_matrix")
+                        if getattr(self, k) is not None]
+        if self.config_file is not None and set_geometry:
+            raise ValueError(f"{', '.join(set_geometry)}: not used with aipp.config_file (the hand-written config "
+                             f"holds its own; write it there)")
+        if self.color_matrix is not None and self.input_format not in (None, "YUV420SP_U8"):
+            raise ValueError(f"aipp.color_matrix applies to YUV420SP_U8 frames, not aipp.input_format = "
+                             f"{self.input_format}")
+        if self.input_format == "YUV420SP_U8":
+            odd = [f"aipp.{k} {list(v)}" for k in ("src_image_size", "load_start_pos", "crop_size")
+                   if (v := getattr(self, k)) is not None and any(d % 2 for d in v)]
+            if odd:
+                raise ValueError(f"{', '.join(odd)}: must be even with YUV420SP_U8 (4:2:0 chroma blocks)")
+        if self.src_image_size and self.crop_size:
+            start = self.load_start_pos or (0, 0)
+            for i, axis in enumerate("wh"):
+                if start[i] + self.crop_size[i] > self.src_image_size[i]:
+                    raise ValueError(f"aipp.load_start_pos + aipp.crop_size ({start[i]} + {self.crop_size[i]}) exceeds "
+                                     f"aipp.src_image_size ({self.src_image_size[i]}) in {axis}")
+        return self
 
 
 class BuildSection(_Section):
