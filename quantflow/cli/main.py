@@ -1,9 +1,11 @@
-"""The ``quantflow`` command: build, init, list, report.
+"""The ``quantflow`` command: build, init, list, report, and on an Ascend host verify and dump.
 
     quantflow build [CONFIG ...] [STAGE ...] [-j N] [--always]
     quantflow init (--onnx FILE | --mindir FILE | --entry MOD:FN --checkpoint FILE) [--data DIR] [--eval DIR] [-o FILE]
     quantflow list [CONFIG]
     quantflow report [CONFIG]
+    quantflow verify [CONFIG] [--om FILE] [--device N] [--images N] [--min-cosine C]
+    quantflow dump [CONFIG] [-o DIR] [--image FILE ...]
 
 ``build`` runs the installed task graph (quantflow.pipeline.doit_graph) through doit's own API: one config in this
 process; several configs each in a process of its own, ``-j`` at a time.  Every build keeps its doit state and
@@ -163,6 +165,21 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (("list", "the stages, their state and artifact folders"), ("report", "the last build's report")):
         p = sub.add_parser(name, help=text)
         p.add_argument("config", nargs="?", type=Path, default=Path(DEFAULT_CONFIG_NAME))
+    from .verify import DEFAULT_MIN_COSINE
+    v = sub.add_parser("verify", help="on an Ascend host: run the last build's .om on the held-out images (ais_bench) "
+                                      "and compare every output with the emulation the gate measured")
+    v.add_argument("config", nargs="?", type=Path, default=Path(DEFAULT_CONFIG_NAME))
+    v.add_argument("--om", type=Path, help="the .om to run (default: the one the last build made)")
+    v.add_argument("--device", type=int, default=0, help="the NPU's device id (default 0)")
+    v.add_argument("--images", type=int, help="compare on the first N held-out images (default all)")
+    v.add_argument("--min-cosine", type=float, default=DEFAULT_MIN_COSINE,
+                   help=f"exit 1 when an output's cosine to the emulation is below this (default {DEFAULT_MIN_COSINE})")
+    d = sub.add_parser("dump", help="write the emulation's per-layer tensors as golden .npy files for CANN's "
+                                    "accuracy comparison, with the .om's input for the same images")
+    d.add_argument("config", nargs="?", type=Path, default=Path(DEFAULT_CONFIG_NAME))
+    d.add_argument("-o", "--output", type=Path, help="the folder to write (default <build.output_dir>/dump)")
+    d.add_argument("--image", type=Path, action="append", default=[],
+                   help="an image to dump (repeatable, at most the model's batch; default the first held-out images)")
     return ap
 
 
@@ -176,6 +193,12 @@ def main(argv=None) -> int:
             from .init import write_config
             print(f"wrote {write_config(a)}; edit the lines marked EDIT, then run `quantflow build`")
             return 0
+        if a.command == "verify":
+            from .verify import verify
+            return verify(a.config, a.om, a.device, a.images, a.min_cosine)
+        if a.command == "dump":
+            from .dump import dump
+            return dump(a.config, a.output, a.image)
         return list_stages(a.config) if a.command == "list" else report(a.config)
     except (QuantflowError, OSError) as err:
         print(f"quantflow: {err}", file=sys.stderr)
