@@ -14,7 +14,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import aipp_templates
-from .backends.atc import check_atc_args
+from .backends.atc import check_atc_args, check_precision_mode
 from .errors import ConfigError
 from .quantization.ranges import METHODS
 
@@ -268,8 +268,9 @@ class BuildSection(_Section):
     output_dir: Path = Path("build")
     soc_version: str = "Ascend310P3"
     precision_mode: Literal[
-        "force_fp32", "force_fp16", "allow_fp32_to_fp16", "must_keep_origin_dtype", "allow_mix_precision"
-    ] = "allow_fp32_to_fp16"
+        "force_fp16", "allow_fp32_to_fp16", "allow_mix_precision", "force_fp32", "must_keep_origin_dtype"
+    ] = Field(default="force_fp16", description="atc --precision_mode; the emulation models float16 between the "
+                                                "INT8 layers, atc's default force_fp16")
     atc_timeout_s: int = Field(default=1800, gt=0)
     require_om: bool = Field(default=False, description="fail (instead of skipping) when no .om can be built")
     atc_model: Literal["int8", "fp32", "int8sim"] = Field(
@@ -279,6 +280,7 @@ class BuildSection(_Section):
     @model_validator(mode="after")
     def _atc_args(self):
         check_atc_args(self.atc_args, self.atc_model)
+        check_precision_mode(self.precision_mode, self.atc_model)
         return self
 
     @field_validator("atc_model")

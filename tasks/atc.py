@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from quantflow.backends.atc import atc_command, find_atc, not_found_reason, run_atc
+from quantflow.backends.atc import atc_command, find_atc, not_found_reason, precision_note, run_atc
 from quantflow.errors import AtcError
 from quantflow.io.atomic import PARTIAL, write_json, write_text
 
@@ -31,7 +31,9 @@ def atc_stage(cfg, kdir: Path, export_dir: Path, aipp_dir: Path) -> dict:
     export = read_status(export_dir)
     atc = find_atc()
     status = {"atc": str(atc) if atc else None, "soc_version": cfg.build.soc_version, "model": cfg.build.atc_model,
-              "om": None, "command": None}
+              "om": None, "command": None, "precision_note": precision_note(cfg.build.precision_mode)}
+    if status["precision_note"]:
+        print(f"note: {status['precision_note']}")
     model, framework = atc_model(cfg, export)
     status.update(input=model, framework=framework)
     if atc is None:

@@ -46,8 +46,9 @@ def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path], graph_dir: P
     qp, cal = calibrate_with(graph, batches, k.method, k.percentile, k.histogram_bins, k.kl_max_clipped, q.skip,
                              q.methods)
     if not qp.ops:
+        kept = f"; every one is left in float16:\n{qp.float16_table()}" if qp.float16 else ""
         raise UnsupportedNetworkError(f"{model_file(cfg, graph_dir)}: no Conv2D or MatMul with constant weights is "
-                                      f"left to quantize (quantization.skip: {list(q.skip)})")
+                                      f"left to quantize in INT8{kept}")
     sample = image_batches(cfg, calibration_paths[:q.sensitivity_images], k.batch_size)
     if q.bias_correction:
         qp = correct_bias(qp, analyse(graph, qp, sample, bias_shift=True, engine=cfg.engine).bias_shift)
@@ -58,8 +59,10 @@ def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path], graph_dir: P
     save_npz(kdir / HISTOGRAMS_NPZ, {f"{i}.{name}": v for i, op in enumerate(qp.ops)
                                      for name, v in _histogram(cal.observers[op.input]).items()})
     table = qp.table()
+    if qp.float16:
+        table += f"\nleft in float16 on the device ({len(qp.float16)}):\n{qp.float16_table()}"
     write_text(Path(kdir, CALIBRATION_TXT),
-               f"method {k.method}, {len(batches)} images, {len(qp.ops)} quantized ops\n{table}\n\n"
+               f"method {k.method}, {len(batches)} images, {len(qp.ops)} INT8 ops\n{table}\n\n"
                f"per-layer sensitivity on {sensitivity.images} calibration images (most sensitive first)\n"
                f"{sensitivity.table()}\n")
     return qp, len(batches), table + "\nmost sensitive layers:\n" + sensitivity.table(5)

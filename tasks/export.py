@@ -42,7 +42,7 @@ def export_stage(cfg, kdir: Path, graph_dir: Path, qparams_dir: Path) -> dict:
     model = deploy_model(deploy, cfg.model.input_name)
     check_deploy(model)
     save_onnx(model, kdir / DEPLOY_ONNX)
-    write_text(kdir / RECORD_TXT, record_text(graph, qp))
+    write_text(kdir / RECORD_TXT, record_text(qp))
     status.update(export_deploy_mindir(deploy, kdir))
     status.update(fp32_onnx=GRAPH_ONNX, deploy_onnx=DEPLOY_ONNX, record=RECORD_TXT, int8_ops=len(qp.ops),
                   input_name=cfg.model.input_name)

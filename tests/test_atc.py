@@ -167,7 +167,7 @@ def test_stage_converts_the_configured_model(fake_atc, atc_stage, monkeypatch, a
     assert scratch.parent == kdir and scratch.name == ".atc.partial-d" and not scratch.exists()
     assert args == [f"--model={kdir / model}", f"--framework={framework}", f"--output={scratch / 'model'}",
                     "--soc_version=Ascend310P3", f"--insert_op_conf={kdir / 'aipp.cfg'}",
-                    "--precision_mode=allow_fp32_to_fp16", "--input_shape=x:1,3,32,32"]
+                    "--precision_mode=force_fp16", "--input_shape=x:1,3,32,32"]
     from quantflow.tasks import STAGES
     assert STAGES["atc"].uptodate(b) and (kdir / ".atc.done").is_file()
 
@@ -233,3 +233,40 @@ def test_bad_atc_args_are_refused_naming_the_field(args, message):
     assert "build" in str(e.value) and message in str(e.value)
     d["build"].update(atc_model="fp32", atc_args=["--dynamic_batch_size=1,2,4"])  # fine for the FP32 network
     assert config_from_dict(d, REPO).build.atc_args == ("--dynamic_batch_size=1,2,4",)
+
+
+@pytest.mark.parametrize("build,message", [
+    ({"precision_mode": "force_fp32"}, "precision_mode 'force_fp32' keeps float32"),
+    ({"precision_mode": "must_keep_origin_dtype"}, "precision_mode 'must_keep_origin_dtype' keeps float32"),
+    ({"atc_args": ["--precision_mode_v2=origin"]}, "--precision_mode_v2=origin: a high-precision mode"),
+    ({"atc_args": ["--op_precision_mode=ops.ini"]}, "--op_precision_mode=ops.ini: a high-precision mode"),
+])
+def test_high_precision_modes_are_refused_for_the_int8_deploy_graph(build, message):
+    """ATC's constraints for quantized models exclude the high-precision modes; the emulation models float16."""
+    from quantflow.config import config_from_dict
+    from quantflow.errors import ConfigError
+
+    d = tomllib.loads((REPO / "quantflow.toml").read_text())
+    d["build"].update(build)
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(d, REPO)
+    assert "build" in str(e.value) and message in str(e.value)
+    d["build"]["atc_model"] = "fp32"   # the FP32 network may take them
+    assert config_from_dict(d, REPO).build.atc_model == "fp32"
+
+
+def test_the_default_is_float16_and_a_mixed_mode_is_noted(atc_stage, monkeypatch):
+    from quantflow.config import config_from_dict
+
+    d = tomllib.loads((REPO / "quantflow.toml").read_text())
+    d["build"].pop("precision_mode", None)
+    assert config_from_dict(d, REPO).build.precision_mode == "force_fp16"   # atc's own default
+    b, run, kdir = atc_stage
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
+    write_export(kdir, air=False)
+    assert run() is None and json.loads((kdir / "atc.json").read_text())["precision_note"] is None
+    set_build(b, precision_mode="allow_fp32_to_fp16")
+    assert run() is None
+    note = json.loads((kdir / "atc.json").read_text())["precision_note"]
+    assert "allow_fp32_to_fp16" in note and "modelled them in float16" in note

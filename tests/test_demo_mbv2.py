@@ -3,8 +3,12 @@ import json
 import shutil
 from pathlib import Path
 
+import onnx
+from support import conformance
 from support.project import REPO, copy_project, run_doit, task_lines
 from test_deploy import check_built_deploy
+
+from quantflow.frontends.mindir import read_mindir
 
 
 def test_mobilenet_demo_trains_and_passes_the_gate(tmp_path):
@@ -20,12 +24,21 @@ def test_mobilenet_demo_trains_and_passes_the_gate(tmp_path):
     graph = json.loads((dirs["graph"] / "graph.json").read_text())
     assert graph["ops"]["Add"] == 3 and graph["ops"]["ReLU6"] >= 10  # residual adds, ReLU6 activations
     assert graph["float16_assumed_ops"] == ["ReduceMean"]  # the global average pool
-    qparams = json.loads((dirs["fallback"] / "qparams.json").read_text())["ops"]
-    depthwise = [q for q in qparams if q["op"] == "Conv2D" and q["weight_shape"][1] == 1]
-    assert len(depthwise) == 5 and len(qparams) == 18
+    meta = json.loads((dirs["fallback"] / "qparams.json").read_text())
+    int8 = [q for q in meta["ops"] if q["device_precision"] == "int8"]
+    depthwise = [q for q in int8 if q["op"] == "Conv2D" and q["weight_shape"][1] == 1]
+    # the stem (3 channels) and the first two blocks' expansions (16 channels) are float16 on the device
+    assert len(depthwise) == 5 and len(int8) == 15 and len(meta["ops"]) == 18
     for name in ("deploy.onnx", "deploy.mindir", "deploy_net.py", "record.txt", "graph.onnx"):
         assert (dirs["export"] / name).is_file(), name
-    assert json.loads((dirs["export"] / "export.json").read_text())["int8_ops"] == 18
+    assert json.loads((dirs["export"] / "export.json").read_text())["int8_ops"] == 15
+    # the second demo's deploy graphs follow CANN's rules too
+    assert conformance.check_deploy_onnx(onnx.load(str(dirs["export"] / "deploy.onnx"))) == 15
+    assert conformance.check_deploy_mindir(read_mindir(dirs["export"] / "deploy.mindir"),
+                                           (dirs["export"] / "deploy_net.py").read_text()) == 15
+    conformance.check_record((dirs["export"] / "record.txt").read_text(), onnx.load(str(dirs["graph"] / "graph.onnx")),
+                             [q["scope"] for q in int8])
+    conformance.check_qparams(meta, 18)
     assert check_built_deploy(latest, project / "eval_data") == 10
     metrics = json.loads((example / "build" / "demo" / "digits_mbv2.metrics.json").read_text())
     gate = latest["gate"]

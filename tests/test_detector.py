@@ -36,7 +36,8 @@ def detector(tmp_path_factory):
     graph = read_mindir(path)
     folded = fold_for_quantization(graph)
     rng = np.random.default_rng(11)
-    qp = calibrate(folded, [rng.normal(size=(16,) + SHAPE[1:]).astype(np.float32)], "minmax")
+    qp = calibrate(folded, [rng.normal(size=(16,) + SHAPE[1:]).astype(np.float32)], "minmax",
+                   rollback_small_channels=False)
     return net, graph, folded, qp
 
 
@@ -91,7 +92,8 @@ def test_box_decoding_runs_through_the_emulation_and_the_deploy_graphs(tmp_path,
     MindIR compute them bit for bit as the emulation does."""
     shape = (2, 3, 16, 16)
     folded = fold_for_quantization(read_mindir(nets.export(getattr(nets, name)(), tmp_path / "a.mindir", shape=shape)))
-    qp = calibrate(folded, [np.random.default_rng(4).normal(size=(8,) + shape[1:]).astype(np.float32)], "minmax")
+    qp = calibrate(folded, [np.random.default_rng(4).normal(size=(8,) + shape[1:]).astype(np.float32)], "minmax",
+                   rollback_small_channels=False)
     assert len(qp.ops) == 1
     x16 = np.random.default_rng(5).normal(size=shape).astype(np.float16)
     emulated = Emulator(quantized_graph(folded, qp)).outputs(x16)[folded.outputs[0]]

@@ -26,7 +26,7 @@ def residual(tmp_path_factory):
     folded = fold_for_quantization(graph)
     rng = np.random.default_rng(1)
     calib = rng.normal(size=(32, 3, 16, 16)).astype(np.float32)
-    qp = calibrate(folded, [calib[:16], calib[16:]], "minmax")
+    qp = calibrate(folded, [calib[:16], calib[16:]], "minmax", rollback_small_channels=False)
     return graph, folded, qp
 
 
@@ -119,7 +119,7 @@ def test_large_layers_stay_exact_beyond_float32_integers():
     graph = single_conv(w, pads=(1, 1, 1, 1))
     x = rng.normal(size=(64, 3, 6, 6)).astype(np.float32)  # calibration data for the 256-channel input
     x = np.repeat(x, 86, axis=1)[:, :256]
-    qp = quantize(graph, {"x": (float(x.min()), float(x.max()))}, "minmax")
+    qp = quantize(graph, {"x": (float(x.min()), float(x.max()))}, "minmax", rollback_small_channels=False)
     q = qp.ops[0]
     assert np.abs(q.weight.astype(np.int64)).sum(axis=(1, 2, 3)).max() * 255 > 2 ** 24
     x16 = x[:4].astype(np.float16)
@@ -160,7 +160,7 @@ def test_every_style_quantizes_and_emulates_close_to_fp32(tmp_path, name):
     folded = fold_for_quantization(graph)
     rng = np.random.default_rng(6)
     calib = rng.normal(size=(32, 3, 16, 16)).astype(np.float32)
-    qp = calibrate(folded, [calib], "minmax")
+    qp = calibrate(folded, [calib], "minmax", rollback_small_channels=False)
     assert len(qp.ops) == sum(1 for n in folded.nodes if n.op in ("Conv2D", "MatMul"))
     x = rng.normal(size=(16, 3, 16, 16)).astype(np.float32)
     fp = float_runner(graph).run(x)[graph.outputs[0]]

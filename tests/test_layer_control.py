@@ -24,7 +24,7 @@ def test_skip_by_op_type_and_by_scope_leaves_those_ops_float(residual):
     graph, batches = residual
     nodes = quantizable_nodes(graph)
     first = nodes[0]
-    qp = calibrate(graph, batches, "mse", skip=("MatMul", first.label))
+    qp = calibrate(graph, batches, "mse", skip=("MatMul", first.label), rollback_small_channels=False)
     assert [q.node for q in qp.ops] == [n.name for n in nodes if n.op != "MatMul" and n is not first]
     deploy = quantized_graph(graph, qp)
     quant_inputs = {n.inputs[0] for n in deploy.nodes if n.op == "Quant"}
@@ -36,7 +36,8 @@ def test_a_per_layer_method_overrides_the_default(residual):
     graph, batches = residual
     nodes = quantizable_nodes(graph)
     scope_glob = nodes[1].label[:-3] + "*"  # a glob on the layer scope
-    qp = calibrate(graph, batches, "percentile", percentile=90.0, overrides={scope_glob: "minmax"})
+    qp = calibrate(graph, batches, "percentile", percentile=90.0, overrides={scope_glob: "minmax"},
+                   rollback_small_channels=False)
     by_node = {q.node: q for q in qp.ops}
     assert by_node[nodes[1].name].stats["method"] == "minmax"
     assert (by_node[nodes[1].name].stats["lo"], by_node[nodes[1].name].stats["hi"]) == \

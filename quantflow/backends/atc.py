@@ -62,6 +62,33 @@ KNOWN_OPTIONS = set(SET_BY_QUANTFLOW) | {
 DYNAMIC_SHAPE = {"--dynamic_batch_size", "--dynamic_image_size", "--dynamic_dims", "--input_shape_range"}
 
 
+# ATC's constraint for quantized models: "the high-precision feature cannot be used. For example, force_fp32 or
+# must_keep_origin_dtype (source image fp32 input) cannot be configured by --precision_mode, origin cannot be
+# configured by --precision_mode_v2, and high_precision cannot be configured by --op_precision_mode. When
+# quantization parameters are set in high-precision mode, neither the performance benefits of quantization nor
+# the precision benefits of the high-precision mode can be obtained" (CANN 8.5 ATC, --compression_optimize_conf,
+# atlasatcparam_16_0059; stated there for atc's own calibration, and as true of a deploy graph quantized
+# beforehand).  quantflow's emulation models float16 between the INT8 layers (atc's default force_fp16), so the
+# INT8 deploy graph refuses these.
+HIGH_PRECISION_MODES = ("force_fp32", "must_keep_origin_dtype")
+FLOAT16_MODELLED = "force_fp16"
+
+
+def check_precision_mode(mode: str, atc_model: str) -> None:
+    if atc_model == "int8" and mode in HIGH_PRECISION_MODES:
+        raise ValueError(f"precision_mode {mode!r} keeps float32 where the INT8 deploy graph's emulation models "
+                         f"float16, and atc's constraints for quantized models exclude it: use "
+                         f"{FLOAT16_MODELLED!r} (atc's default) or 'allow_fp32_to_fp16'")
+
+
+def precision_note(mode: str) -> str | None:
+    """What the gate says of a precision mode the emulation does not model exactly (None for force_fp16)."""
+    if mode == FLOAT16_MODELLED:
+        return None
+    return (f"atc --precision_mode={mode} may keep float ops in float32 on the device; the gate modelled them "
+            f"in float16 (as {FLOAT16_MODELLED}, atc's default)")
+
+
 def check_atc_args(args, atc_model: str) -> None:
     """Each of ``args`` is ``--option`` or ``--option=value``, a known atc option quantflow does not set itself;
     raises ValueError naming the offending one."""
@@ -77,6 +104,11 @@ def check_atc_args(args, atc_model: str) -> None:
         if name in DYNAMIC_SHAPE and atc_model == "int8":
             raise ValueError(f"{name}: atc does not accept dynamic shapes for a quantized (int8) deploy model "
                              f"(CANN ATC restrictions); use it with build.atc_model = \"fp32\" or drop it")
+        value = a.split("=", 1)[1] if "=" in a else ""
+        if atc_model == "int8" and (name == "--op_precision_mode" or (name == "--precision_mode_v2"
+                                                                      and value == "origin")):
+            raise ValueError(f"{a}: a high-precision mode, which atc's constraints for quantized models exclude and "
+                             f"the INT8 emulation (float16 between the INT8 layers) does not model; drop it")
 
 
 def atc_command(atc: Path, model: Path, framework: int, output_prefix: Path, soc_version: str,

@@ -3,9 +3,11 @@
 The deploy IR (``quantization.deploy.quantized_graph``) is written out as Python source of one
 ``nn.Cell`` (``deploy_net.py``, parameters in ``deploy_net.npz``): every node becomes one line of
 ``construct``, in the form its registry entry gives (``OpDef.to_mindspore``): MindSpore's
-``Quant`` / ``Dequant`` (AscendQuant / AscendDequant), int8 ``Conv2D`` with int32 ``BiasAdd`` (a
-quantized MatMul is written as a 1x1 convolution, since MindSpore's MatMul keeps int8 output),
-and the float part in float16 (the network input is AIPP's float16 output).  MindSpore compiles
+``Quant`` / ``Dequant`` (AscendQuant / AscendDequant) adjacent to an int8 ``Conv2D`` with its int32 ``BiasAdd``
+(MindSpore's own form of a convolution with bias, ``ops.conv2d``; its GE adapter gives Conv2D a bias input),
+no offset on the convolution (CANN's quant pass sets offset_x from the adjacent AscendQuant); a quantized MatMul
+is a 1x1 Conv2D with the reshapes on the float side of its Quant and Dequant (MindSpore's MatMul keeps int8
+output); the float part in float16 (the network input is AIPP's float16 output).  MindSpore compiles
 the source file it parses, so the generated file is imported from disk, then exported.
 """
 from __future__ import annotations
@@ -30,12 +32,6 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.ops.operations._inner_ops import Dequant, Quant
 
 
-def _offset(prim, offset):
-    """The input zero point of an int8 convolution (GE's offset_x)."""
-    prim.add_prim_attr("offset_a", offset)
-    return prim
-
-
 class DeployNet(nn.Cell):
     def __init__(self, arrays):
         super().__init__()
@@ -51,6 +47,7 @@ class MindSporeWriter:
         self.arrays: dict[str, np.ndarray] = {}
         self.values: dict[str, str] = {}
         self._params: dict[str, str] = {}
+        self._producers, self._consumers = graph.producer(), graph.consumers()
 
     def prim(self, source: str) -> str:
         """Create ``source`` (a primitive or Cell) in __init__; returns its attribute reference."""
@@ -79,6 +76,16 @@ class MindSporeWriter:
 
     def array(self, node: Node, i: int) -> np.ndarray:
         return self.graph.initializers[node.inputs[i]]
+
+    def producer_of(self, tensor: str) -> Node:
+        return self._producers[tensor]
+
+    def reader_of(self, tensor: str) -> Node:
+        """The one node reading ``tensor`` (an AscendQuant's int8 output has exactly one reader, its cube)."""
+        readers = self._consumers.get(tensor, [])
+        if len(readers) != 1:
+            raise UnsupportedNetworkError(f"{tensor} is read by {len(readers)} nodes, expected its cube alone")
+        return readers[0]
 
 
 def write_deploy_net(graph: Graph, out_dir: Path) -> tuple[Path, Path]:

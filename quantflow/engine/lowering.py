@@ -51,12 +51,15 @@ def lower(graph: Graph, target: str = "float32", input_name: str | None = None,
             b.add("Identity", [input_name], inp)
         inputs = [(input_name or inp, graph.tensors[inp].shape, graph.tensors[inp].dtype if target == "float32"
                    else "float32")]
+    named: set[str] = set()
     for node in graph.nodes:
         floating = all(graph.tensors[o].dtype in ("float32", "float16") for o in node.outputs)
         if float16 and floating and not get_op(node.op, node.name).rounds_itself:
             _float16_node(b, node)
-        else:
-            get_op(node.op, node.name).to_onnx(node, b)
+            continue
+        first = len(b.nodes)
+        get_op(node.op, node.name).to_onnx(node, b)
+        _name_after(node, b.nodes[first:], named)
     outs = list(graph.outputs) + [t for t in extra_outputs if t not in graph.outputs]
     return b.model(inputs, [(o, graph.shape(o), "float32" if target != "float32" else _dtype(graph, o))
                             for o in outs])
@@ -67,6 +70,17 @@ _SUFFIX = {"float32": "", "float16": "_int8_emulation", "device": "_ascend_int8"
 
 def _dtype(graph: Graph, name: str) -> str:
     return graph.tensors[name].dtype if name in graph.tensors else "float32"
+
+
+def _name_after(node: Node, lowered: list, named: set[str]) -> None:
+    """The ONNX node that computes an IR node's (first) output is named by the IR node's layer (its MindSpore scope
+    or ONNX node name), once: graph.onnx and deploy.onnx name their layers as the source model does (AMCT's
+    record is keyed by these names)."""
+    for n in reversed(lowered):
+        if node.outputs[0] in n.output and node.label not in named:
+            n.name = node.label
+            named.add(node.label)
+            return
 
 
 def _to_float16(v: np.ndarray) -> np.ndarray:

@@ -5,7 +5,7 @@ import numpy as np
 
 from ..errors import UnsupportedNetworkError
 from .common import as_ints, data_format, norm_axis, pad_mode, pair, spatial_pads
-from .quant import int8_cube_onnx
+from .quant import device_offset_x, int8_cube_onnx
 from .registry import OpDef, register
 
 
@@ -25,19 +25,29 @@ def _conv_from_mindir(ctx):
                             dilation, ctx.attr("pad", (0, 0, 0, 0)), ctx.node_name)
     attrs = {"pads": pads, "strides": list(stride), "dilations": list(dilation), "group": int(ctx.attr("group", 1))}
     if ctx.reader.initializers.get(w) is not None and ctx.reader.initializers[w].dtype == np.int8:
-        # a deploy graph's int8 convolution; its input zero point rides on the primitive as offset_a
-        attrs.update(offset_x=int(ctx.attr("offset_a", 0)), channel_axis=0, out_rank=4)
+        # a deploy graph's int8 convolution: its input zero point is what the device sets, offset_x = the offset of
+        # the AscendQuant that feeds it (through at most a Pad; FE's Conv2D quant pass, see quant.device_offset_x)
+        attrs.update(offset_x=device_offset_x(ctx.reader.nodes, ctx.tensor(0)), channel_axis=0, out_rank=4)
     return [ctx.tensor(0), w], attrs
+
+
+def _kernel_shape(node, b) -> dict:
+    """``kernel_shape`` of a Conv whose weight is a constant (CANN's Conv ONNX plugin needs at least one of
+    kernel_shape/pads/strides/dilations to tell 1-D from 2-D; conv_plugin.cc: write it always)."""
+    w = b.initializers.get(node.inputs[1])
+    return {"kernel_shape": list(w.shape[2:])} if w is not None else {}
 
 
 def _conv_float(node, b):
     a = node.attrs
     b.add("Conv", node.inputs, node.outputs[0], pads=a["pads"], strides=a["strides"], dilations=a["dilations"],
-          group=a["group"])
+          group=a["group"], **_kernel_shape(node, b))
 
 
 def _conv_onnx(node, b):
-    if "offset_x" not in node.attrs:
+    if "offset_x" not in node.attrs or b.target == "device":
+        # a float convolution, or the deploy graph's int8 Conv (int8 input and weight, int32 bias; no offset: CANN's
+        # quant pass sets offset_x from the adjacent AscendQuant)
         _conv_float(node, b)
         return
     a = node.attrs
@@ -45,19 +55,17 @@ def _conv_onnx(node, b):
     def integer(b, x, w, x_zero, w_zero):
         return b.add("ConvInteger", [x, b.const(w, "weight_u8"), x_zero, w_zero], pads=a["pads"],
                      strides=a["strides"], dilations=a["dilations"], group=a["group"])
-    int8_cube_onnx(node, b, integer, "Conv", dict(name=node.label, pads=a["pads"], strides=a["strides"],
-                                                  dilations=a["dilations"], group=a["group"]),
-                   float_lowering=_conv_float)  # where exact: faster in onnxruntime (quant.py)
+    int8_cube_onnx(node, b, integer, float_lowering=_conv_float)  # where exact: faster in onnxruntime (quant.py)
 
 
 def _conv_ms(node, w):
     a = node.attrs
     t, l, b, r = a["pads"]
     cout, _, kh, kw = w.array(node, 1).shape
+    # an int8 convolution carries no offset: MindSpore's GE adapter drops Conv2D's offset_a (ATTR_MAP(Conv2D) in
+    # nn_calculation_ops_declare.cc); FE's quant pass sets offset_x from the adjacent AscendQuant
     prim = (f"ops.Conv2D({cout}, ({kh}, {kw}), pad_mode='pad', pad=({t}, {b}, {l}, {r}), "
             f"stride={tuple(a['strides'])}, dilation={tuple(a['dilations'])}, group={a['group']})")
-    if "offset_x" in a:
-        prim = f"_offset({prim}, {a['offset_x']})"
     y = f"{w.prim(prim)}({w.x(node, 0)}, {w.x(node, 1)})"
     return f"{w.prim('ops.BiasAdd()')}({y}, {w.x(node, 2)})" if len(node.inputs) == 3 else y
 
@@ -79,11 +87,18 @@ def _swap_last(b, x: str, rank: int) -> str:
 
 
 def _matmul_onnx(node, b):
-    if "offset_x" in node.attrs:
-        int8_cube_onnx(node, b, _matmul_integer(node), "Gemm", dict(name=node.label,
-                                                                    transB=int(node.attrs["transpose_b"])))
-    else:
+    if "offset_x" not in node.attrs:
         _matmul_float(node, b)
+    elif b.target == "device":
+        # Gemm with transB = 0 and the int8 weight as [K, N]: CANN maps Gemm to MatMulV2, whose quant pass reads
+        # the output channels from the weight's dim[1] and not transpose_x2 (matmulv2_quant_process_fusion_pass.cc
+        # GetCoValue); msmodelslim writes quantized Gemm so (squant_ptq/quant_deploy.py _convert_gemm)
+        w = node.inputs[1]
+        if node.attrs["transpose_b"]:
+            w = b.const(np.ascontiguousarray(b.initializers[w].T), "weight_int8_kn")
+        b.add("Gemm", [node.inputs[0], w] + node.inputs[2:], node.outputs[0], transB=0)
+    else:
+        int8_cube_onnx(node, b, _matmul_integer(node))
 
 
 def _matmul_integer(node):
@@ -123,16 +138,15 @@ def _with_ranks(parse):
 def _matmul_ms(node, w):
     a = node.attrs
     bias = len(node.inputs) == 3
-    if "offset_x" in a:  # int8: a 1x1 convolution (MindSpore's MatMul keeps int8 output; Conv2D gives int32)
+    if "offset_x" in a:
+        # int8: a 1x1 Conv2D on the (N, K, 1, 1) int8 input, int32 out (MindSpore's MatMul keeps int8 output).  The
+        # reshapes are on the float side of AscendQuant and AscendDequant (their to_mindspore), so that
+        # AscendQuant -> Conv2D -> AscendDequant stay adjacent, the pattern CANN's quant pass needs to set offset_x
         wq = w.array(node, 1)
         wq = wq if a["transpose_b"] else wq.T
         n, k = wq.shape
-        x = f"{w.prim('ops.Reshape()')}({w.x(node, 0)}, (-1, {k}, 1, 1))"
-        conv = w.prim(f"_offset(ops.Conv2D({n}, 1), {a['offset_x']})")
-        y = f"{conv}({x}, {w.param(wq.reshape(n, k, 1, 1))})"
-        if bias:
-            y = f"{w.prim('ops.BiasAdd()')}({y}, {w.x(node, 2)})"
-        return f"{w.prim('ops.Reshape()')}({y}, (-1, {n}))"
+        y = f"{w.prim(f'ops.Conv2D({n}, 1)')}({w.x(node, 0)}, {w.param(wq.reshape(n, k, 1, 1))})"
+        return f"{w.prim('ops.BiasAdd()')}({y}, {w.x(node, 2)})" if bias else y
     name = "BatchMatMul" if node.op == "BatchMatMul" else "MatMul"
     op = w.prim(f"ops.{name}({a['transpose_a']}, {a['transpose_b']})")
     y = f"{op}({w.x(node, 0)}, {w.x(node, 1)})"

@@ -44,7 +44,6 @@ from .registry import OpDef, register
 INT32_LIMIT = 2 ** 31
 FLOAT32_EXACT = 2 ** 24
 ZERO_SHIFT = 128  # int8 value + 128 = the uint8 operand of ConvInteger / MatMulInteger
-INT8 = 2  # GE DataType DT_INT8, AscendQuant's dst_type
 
 
 def round16(b, x: str, out: str | None = None) -> str:
@@ -65,8 +64,10 @@ def _quant_from_mindir(ctx):
 def _quant_onnx(node, b):
     a = node.attrs
     if b.target == "device":
+        # no dst_type: CANN's 2022 ONNX plugin does not read it, the 2025 one reads it as a string defaulting to
+        # INT8 (ascend_quant_plugin.cc; ops-nn ascend_quant_onnx_plugin.cpp), and msmodelslim writes none
         b.add("AscendQuant", node.inputs, node.outputs[0], scale=float(np.float32(a["scale"])),
-              offset=float(a["offset"]), sqrt_mode=0, round_mode="Round", dst_type=INT8)
+              offset=float(a["offset"]), sqrt_mode=0, round_mode="Round")
         return
     scale = b.const(np.float32(np.float16(np.float32(a["scale"]))), "quant_scale")
     offset = b.const(np.float32(np.float16(a["offset"])), "quant_offset")
@@ -79,7 +80,11 @@ def _quant_onnx(node, b):
 
 def _quant_ms(node, w):
     quant = w.prim("Quant(%r, %r, False, 'Round')" % (node.attrs["scale"], node.attrs["offset"]))
-    return f"{quant}({w.x(node, 0)})"
+    x = w.x(node, 0)
+    cube = w.reader_of(node.outputs[0])
+    if cube.op == "MatMul":  # written as a 1x1 Conv2D (ops.nn): the reshape on the float side of the Quant
+        x = f"{w.prim('ops.Reshape()')}({x}, (-1, {w.graph.shape(node.inputs[0])[-1]}, 1, 1))"
+    return f"{quant}({x})"
 
 
 register(OpDef("Quant", _quant_from_mindir, _quant_onnx, rounds_itself=True, to_mindspore=_quant_ms))
@@ -121,7 +126,10 @@ def _dequant_onnx(node, b):
 
 def _dequant_ms(node, w):
     deq = w.prim("Dequant(False, %s)" % bool(node.attrs["relu_flag"]))
-    return f"{deq}({w.x(node, 0)}, {w.x(node, 1)})"
+    y = f"{deq}({w.x(node, 0)}, {w.x(node, 1)})"
+    if w.producer_of(node.inputs[0]).op == "MatMul":  # back from the 1x1 Conv2D's (N, C, 1, 1), on the float side
+        y = f"{w.prim('ops.Reshape()')}({y}, (-1, {w.graph.shape(node.outputs[0])[-1]}))"
+    return y
 
 
 register(OpDef("Dequant", _dequant_from_mindir, _dequant_onnx, rounds_itself=True, to_mindspore=_dequant_ms))
@@ -129,17 +137,29 @@ register(OpDef("Dequant", _dequant_from_mindir, _dequant_onnx, rounds_itself=Tru
 
 # ----------------------------------------------------------------------------- the int8 cube
 
-def int8_cube_onnx(node, b, integer_lowering, device_op: str, device_attrs: dict, float_lowering=None) -> None:
-    """Conv2D / MatMul on int8 input and weight (``node.attrs['offset_x']``), int32 (+ bias) output.
+def device_offset_x(nodes, x: str) -> int:
+    """The ``offset_x`` the device gives an int8 convolution reading ``x`` (``nodes``: the IR nodes before it):
+    CANN's Conv2D quant pass copies ``int8(AscendQuant.offset)`` into the cube's offset_x where AscendQuant ->
+    Conv2D (a Pad may sit between) are adjacent (bias_optimize_quant_rollback_base.cc ``SetQuantParameters``;
+    conv2d_quant_process_fusion_pass.cc ``DefinePatterns``); anywhere else offset_x stays 0.  A deploy network
+    read back (MindSpore drops Conv2D's own ``offset_a`` in its GE adapter) gets the offset the device sets."""
+    producer = {o: n for n in nodes for o in n.outputs}
+    node = producer.get(x)
+    if node is not None and node.op == "Pad":
+        node = producer.get(node.inputs[0])
+    return int(node.attrs["offset"]) if node is not None and node.op == "Quant" else 0
+
+
+
+def int8_cube_onnx(node, b, integer_lowering, float_lowering=None) -> None:
+    """What Conv2D / MatMul on int8 input and weight (``node.attrs['offset_x']``), int32 (+ bias) output computes
+    (the deploy graph's own form of the cube is its op's: ops.nn).
 
     ``integer_lowering(b, x, w, x_zero, w_zero) -> name``: the op as ConvInteger / MatMulInteger on the
     uint8 input ``x``, the uint8 weight array ``w`` (IR layout) and the two uint8 zero-point constants.
     ``float_lowering(sub_node, b)``, when given, is used instead where float32 is exact (module doc)."""
     x, w = node.inputs[:2]
     bias = node.inputs[2] if len(node.inputs) == 3 else None
-    if b.target == "device":
-        b.add(device_op, [x, w] + ([bias] if bias else []), node.outputs[0], **device_attrs)
-        return
     w_q = b.initializers[w]
     axis = node.attrs["channel_axis"]
     per_channel = np.abs(np.moveaxis(w_q.astype(np.int64), axis, 0)).reshape(w_q.shape[axis], -1).sum(axis=1)

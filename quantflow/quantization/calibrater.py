@@ -14,7 +14,8 @@ from ..ir import Graph, Node
 from ..ops import get as get_op
 from ..progress import progress
 from . import scheme
-from .qparams import QuantizedOp, QuantParams
+from .device_rules import rollback_reason
+from .qparams import Float16Op, QuantizedOp, QuantParams
 from .ranges import METHODS, Observer
 from .selection import first_match
 
@@ -31,15 +32,32 @@ def quantizable_nodes(g: Graph) -> list[Node]:
     return out
 
 
-def quantized_nodes(g: Graph, skip=()) -> list[Node]:
-    """The quantizable ops not named by a ``skip`` pattern (``quantization.skip``)."""
-    return [n for n in quantizable_nodes(g) if first_match(n, skip) is None]
+def in_channels(g: Graph, node: Node) -> int:
+    """The channels (Conv2D, NCHW) or features (MatMul) of the tensor a quantizable op's AscendQuant reads."""
+    shape = g.shape(node.inputs[0])
+    return int(shape[1] if node.op == "Conv2D" else shape[-1])
+
+
+def precision_plan(g: Graph, skip=(), rollback_small_channels: bool = True) -> tuple[list[Node], list[Float16Op]]:
+    """(the ops quantized to INT8, the quantizable ops left in float16 with the reason): those named by a
+    ``quantization.skip`` pattern, and (``rollback_small_channels``) those CANN would roll back to float16
+    (``device_rules``).  Tests of the INT8 arithmetic on small networks switch the rollback off."""
+    int8, float16 = [], []
+    for n in quantizable_nodes(g):
+        pattern = first_match(n, skip)
+        reason = (f"quantization.skip pattern {pattern!r}" if pattern is not None else
+                  rollback_reason(n.op, in_channels(g, n)) if rollback_small_channels else None)
+        if reason is None:
+            int8.append(n)
+        else:
+            float16.append(Float16Op(n.name, n.label, n.op, n.inputs[0], reason))
+    return int8, float16
 
 
 class Calibrater:
-    def __init__(self, graph: Graph, bins: int = 2048, skip=()):
+    def __init__(self, graph: Graph, bins: int = 2048, skip=(), rollback_small_channels: bool = True):
         self.graph = graph
-        self.nodes = quantized_nodes(graph, skip)
+        self.nodes, self.float16 = precision_plan(graph, skip, rollback_small_channels)
         self.tensors = list(dict.fromkeys(n.inputs[0] for n in self.nodes))
         self.observers = {t: Observer(t, bins) for t in self.tensors}
         self.runner = float_runner(graph, self.tensors)
@@ -85,21 +103,27 @@ class Calibrater:
 
 
 def _relu_follows(g: Graph, node: Node, consumers) -> bool:
+    """AscendDequant's relu_flag: CANN's pass sets it (and deletes the ReLUs) only when every consumer of the
+    Dequant is a removable ReLU (v200_not_requant_fusion_pass.cc: ``del_relu_flag = (relu_del && (relu_del ==
+    dequant_node->GetOutAllNodes().size()))``; ReLU6 is never fused)."""
     readers = consumers.get(node.outputs[0], [])
-    return len(readers) == 1 and readers[0].op == "ReLU" and node.outputs[0] not in g.outputs
+    return bool(readers) and all(r.op == "ReLU" for r in readers) and node.outputs[0] not in g.outputs
 
 
 def quantize(graph: Graph, ranges: dict[str, tuple[float, float]], method: str,
-             observers: dict[str, Observer] | None = None, skip=()) -> QuantParams:
-    """The scheme's parameters for every quantized op of ``graph`` (BatchNorm already folded)."""
+             observers: dict[str, Observer] | None = None, skip=(),
+             rollback_small_channels: bool = True) -> QuantParams:
+    """The scheme's parameters for every quantized op of ``graph`` (BatchNorm already folded), and the
+    quantizable ops left in float16 (``precision_plan``)."""
     consumers = graph.consumers()
     ops = []
-    for n in quantized_nodes(graph, skip):
+    int8, float16 = precision_plan(graph, skip, rollback_small_channels)
+    for n in int8:
         lo, hi = ranges[n.inputs[0]]
         scale_d, offset_d = scheme.act_qparams(lo, hi)
         axis = scheme.weight_channel_axis(n.op, n.attrs)
-        w_q, scale_w = scheme.quantize_weight(graph.initializers[n.inputs[1]], axis)
         bias = graph.initializers[n.inputs[2]] if len(n.inputs) == 3 else None
+        w_q, scale_w = scheme.quantize_weight(graph.initializers[n.inputs[1]], axis, bias, scale_d)
         stats = {"lo": float(lo), "hi": float(hi)}
         if observers is not None:
             stats.update(observers[n.inputs[0]].summary())
@@ -108,22 +132,26 @@ def quantize(graph: Graph, ranges: dict[str, tuple[float, float]], method: str,
             scale_w=scale_w, channel_axis=axis, weight=w_q,
             bias=scheme.quantize_bias(bias, scale_d, scale_w, n.label),
             deq_scale=scheme.deq_scale(scale_d, scale_w), relu=_relu_follows(graph, n, consumers), stats=stats))
-    return QuantParams(method, ops)
+    return QuantParams(method, ops, float16)
 
 
 def calibrate(graph: Graph, batches, method: str, percentile: float = 99.99, bins: int = 2048,
-              kl_max_clipped: float = 0.01, skip=(), overrides: dict[str, str] | None = None) -> QuantParams:
+              kl_max_clipped: float = 0.01, skip=(), overrides: dict[str, str] | None = None,
+              rollback_small_channels: bool = True) -> QuantParams:
     """Observe ``batches`` on the (folded) ``graph`` and compute every quantized op's parameters."""
-    return calibrate_with(graph, batches, method, percentile, bins, kl_max_clipped, skip, overrides)[0]
+    return calibrate_with(graph, batches, method, percentile, bins, kl_max_clipped, skip, overrides,
+                          rollback_small_channels)[0]
 
 
 def calibrate_with(graph: Graph, batches, method: str, percentile: float = 99.99, bins: int = 2048,
-                   kl_max_clipped: float = 0.01, skip=(), overrides: dict[str, str] | None = None):
+                   kl_max_clipped: float = 0.01, skip=(), overrides: dict[str, str] | None = None,
+                   rollback_small_channels: bool = True):
     """``calibrate``, also returning the Calibrater (its observers' histograms feed the report)."""
-    cal = Calibrater(graph, bins, skip)
+    cal = Calibrater(graph, bins, skip, rollback_small_channels)
     methods = cal.methods(method, overrides)
     cal.collect(batches, histograms=any(METHODS[m].histograms for m in methods.values()))
-    qp = quantize(graph, cal.ranges(method, percentile, kl_max_clipped, overrides), method, cal.observers, skip)
+    qp = quantize(graph, cal.ranges(method, percentile, kl_max_clipped, overrides), method, cal.observers, skip,
+                  rollback_small_channels)
     for q in qp.ops:
         q.stats["method"] = methods[q.input]
     return qp, cal

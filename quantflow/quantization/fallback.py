@@ -16,8 +16,7 @@ from .qparams import QuantParams
 
 def without(qparams: QuantParams, nodes) -> QuantParams:
     """``qparams`` with the ops of ``nodes`` left in float."""
-    drop = set(nodes)
-    return QuantParams(qparams.method, [q for q in qparams.ops if q.node not in drop])
+    return qparams.without(nodes, "rolled back to float16 by the automatic fallback")
 
 
 def roll_back(qparams: QuantParams, ranking: list[str], check: Callable[[QuantParams], dict],

@@ -1,9 +1,12 @@
-"""The qparams artifact: every quantized op's Ascend INT8 parameters.
+"""The qparams artifact: every quantizable op's precision on the device and, for the INT8 ones, their Ascend
+INT8 parameters.
 
-``qparams.json`` (one entry per quantized op, in graph order: MindIR node name, layer scope,
-op type, input tensor, scale_d, offset_d, scale_w[], deq_scale[], fused ReLU, weight shape and
-channel axis) and ``qparams.npz`` (int8 weights, int32 biases, float32 deq_scale per op):
-everything a deploy graph needs.
+``qparams.json`` holds one entry per quantizable op, each with its ``device_precision`` ("int8" or "float16")
+and the ``reason``.  An INT8 entry (in graph order) has the node name, layer scope, op type, input tensor,
+scale_d, offset_d, scale_w[], deq_scale[], fused ReLU, weight shape and channel axis, and ``qparams.npz`` its
+int8 weights, int32 biases and float32 deq_scale: everything a deploy graph needs.  A float16 entry (a
+convolution CANN would roll back, a layer in ``quantization.skip``, one the automatic fallback rolled back)
+names the op and why it stays a float16 op in the emulation and both deploy graphs.
 """
 from __future__ import annotations
 
@@ -37,16 +40,42 @@ class QuantizedOp:
 
     def header(self) -> dict:
         return {"node": self.node, "scope": self.scope, "op": self.op, "input": self.input,
+                "device_precision": "int8", "reason": INT8_REASON,
                 "scale_d": self.scale_d, "offset_d": self.offset_d,
                 "scale_w": [float(s) for s in self.scale_w], "deq_scale": [float(s) for s in self.deq_scale],
                 "channel_axis": self.channel_axis, "weight_shape": list(self.weight.shape),
                 "relu": self.relu, "stats": self.stats}
 
 
+INT8_REASON = "quantized: AscendQuant -> int8 cube -> AscendDequant"
+
+
+@dataclass
+class Float16Op:
+    """A quantizable op left in float16 on the device, and why."""
+    node: str
+    scope: str
+    op: str
+    input: str
+    reason: str
+
+    def header(self) -> dict:
+        return {"node": self.node, "scope": self.scope, "op": self.op, "input": self.input,
+                "device_precision": "float16", "reason": self.reason}
+
+
 @dataclass
 class QuantParams:
     method: str
-    ops: list[QuantizedOp]
+    ops: list[QuantizedOp]                                    # INT8 on the device
+    float16: list[Float16Op] = field(default_factory=list)    # quantizable, left in float16
+
+    def without(self, nodes, reason: str) -> "QuantParams":
+        """These parameters with the INT8 ops of ``nodes`` left in float16 for ``reason``."""
+        drop = set(nodes)
+        return QuantParams(self.method, [q for q in self.ops if q.node not in drop],
+                           self.float16 + [Float16Op(q.node, q.scope, q.op, q.input, reason)
+                                           for q in self.ops if q.node in drop])
 
     def by_node(self) -> dict[str, QuantizedOp]:
         return {q.node: q for q in self.ops}
@@ -59,7 +88,8 @@ class QuantParams:
         for i, q in enumerate(self.ops):
             arrays[f"{i}.weight"], arrays[f"{i}.bias"], arrays[f"{i}.deq_scale"] = q.weight, q.bias, q.deq_scale
         save_npz(npz, arrays)  # the arrays first: a reader finding the json finds its arrays
-        write_json(js, {"scheme": "ascend-int8", "method": self.method, "ops": [q.header() for q in self.ops]},
+        write_json(js, {"scheme": "ascend-int8", "method": self.method,
+                        "ops": [q.header() for q in self.ops] + [f.header() for f in self.float16]},
                    indent=1, sort_keys=False)
         return js, npz
 
@@ -71,14 +101,18 @@ class QuantParams:
             arrays = np.load(npz)
         except (OSError, ValueError) as err:
             raise QuantflowError(f"cannot read quantization parameters from {out_dir}: {err}") from None
-        ops = []
-        for i, h in enumerate(meta["ops"]):
+        ops, float16 = [], []
+        for h in meta["ops"]:
+            if h.get("device_precision", "int8") == "float16":
+                float16.append(Float16Op(h["node"], h["scope"], h["op"], h["input"], h["reason"]))
+                continue
+            i = len(ops)
             ops.append(QuantizedOp(
                 node=h["node"], scope=h["scope"], op=h["op"], input=h["input"], scale_d=h["scale_d"],
                 offset_d=h["offset_d"], scale_w=np.asarray(h["scale_w"], np.float64),
                 channel_axis=h["channel_axis"], weight=arrays[f"{i}.weight"], bias=arrays[f"{i}.bias"],
                 deq_scale=arrays[f"{i}.deq_scale"], relu=h["relu"], stats=h.get("stats", {})))
-        return cls(meta["method"], ops)
+        return cls(meta["method"], ops, float16)
 
     def table(self) -> str:
         rows = [f"{'layer':<48} {'op':<7} {'scale_d':>10} {'offset_d':>8} {'range lo':>10} {'range hi':>10} "
@@ -89,3 +123,7 @@ class QuantParams:
             rows.append(f"{layer[-48:]:<48} {q.op:<7} {q.scale_d:>10.5g} {q.offset_d:>8d} {lo:>10.4f} {hi:>10.4f} "
                         f"{q.scale_w.min():>10.3g}..{q.scale_w.max():<10.3g}")
         return "\n".join(rows)
+
+    def float16_table(self) -> str:
+        """The quantizable ops left in float16 on the device, each with its reason."""
+        return "\n".join(f"  {f.scope}  ({f.op}): {f.reason}" for f in self.float16)

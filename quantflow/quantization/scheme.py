@@ -7,7 +7,9 @@ README lists the roundings modelled.
 - Input activation: per-tensor asymmetric int8, ``scale_d`` and integer ``offset_d`` so that
   [lo, hi] (widened to hold 0) maps onto [-128, 127]: ``q = round(x / scale_d + offset_d)``.
 - Weights: per output channel, symmetric (offset_w = 0), ``scale_w[c] = max|w[c]| / 127``,
-  ``w_q = clip(round_half_even(w / scale_w), -127, 127)``.
+  ``w_q = clip(round_half_even(w / scale_w), -127, 127)``; a channel whose weights are (nearly) zero (trained
+  PaddlePaddle models have channels with max|w| ~ 1e-34) gets at least the scale its bias needs to fit the int32
+  bias with room to spare, ``|b[c]| / (scale_d * 2**30)``: its weights quantize to 0, which they are.
 - Bias: int32 ``round_half_even(b / (scale_d * scale_w[c]))``; a bias beyond int32 is an error.
 - ``deq_scale[c] = float32(scale_d * scale_w[c])`` (the low word of AscendDequant's uint64).
 """
@@ -19,6 +21,7 @@ from ..errors import UnsupportedNetworkError
 
 QMIN, QMAX = -128, 127
 WMAX = 127
+BIAS_LIMIT = 2 ** 30   # an int32 bias stays below this, leaving the accumulator room for the products
 # AscendQuant multiplies by 1/scale_d as a float16: keep it finite and normal (<= 2**15)
 MIN_SCALE_D = 2.0 ** -15
 
@@ -43,11 +46,15 @@ def weight_channel_axis(op: str, attrs: dict) -> int:
     return 0 if attrs.get("transpose_b") else 1
 
 
-def quantize_weight(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """(w_q int8, scale_w float64 per output channel)."""
+def quantize_weight(w: np.ndarray, axis: int, bias: np.ndarray | None = None,
+                    scale_d: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(w_q int8, scale_w float64 per output channel); given the float ``bias`` and the input's ``scale_d``, no
+    channel's scale is so small that its bias leaves int32 (module doc)."""
     wm = np.moveaxis(np.asarray(w, np.float64), axis, 0)
     amax = np.abs(wm.reshape(wm.shape[0], -1)).max(axis=1)
     scale = np.where(amax > 0, amax / WMAX, 1.0)
+    if bias is not None:
+        scale = np.maximum(scale, np.abs(np.asarray(bias, np.float64)) / (scale_d * BIAS_LIMIT))
     q = np.clip(np.rint(wm / scale.reshape((-1,) + (1,) * (wm.ndim - 1))), -WMAX, WMAX)
     return np.moveaxis(q, 0, axis).astype(np.int8), scale
 

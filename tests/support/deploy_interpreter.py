@@ -21,7 +21,7 @@ def _attrs(node) -> dict:
 
 
 def ascend_quant(x, a) -> np.ndarray:
-    assert a["sqrt_mode"] == 0 and a["round_mode"] == b"Round" and a["dst_type"] == 2
+    assert a["sqrt_mode"] == 0 and a["round_mode"] == b"Round" and "dst_type" not in a
     t = (x.astype(F16) * F16(F32(a["scale"]))).astype(F16)
     t = (t + F16(a["offset"])).astype(F16)
     return np.clip(np.rint(t.astype(np.float64)), -128, 127).astype(np.int8)
@@ -56,26 +56,40 @@ def int8_gemm(q, w, b, a, offset) -> np.ndarray:
     return _int32((q.astype(np.int64) - offset) @ (wm.T if a.get("transB", 0) else wm) + b.astype(np.int64))
 
 
+def _offset_x(producers: dict, cube) -> int:
+    """The cube's input zero point as CANN sets it: the offset of the AscendQuant right before it (a Pad may sit
+    between); 0 otherwise (no pattern, no offset_x)."""
+    node = producers.get(cube.input[0])
+    if node is not None and node.op_type == "Pad":
+        node = producers.get(node.input[0])
+    return int(_attrs(node)["offset"]) if node is not None and node.op_type == "AscendQuant" else 0
+
+
 def _int32(acc: np.ndarray) -> np.ndarray:
     assert np.abs(acc).max() < 2 ** 31, "int32 accumulator overflow"
     return acc.astype(np.int32)
 
 
-def _float_node(node, inputs: list[np.ndarray], opset: int) -> list[np.ndarray]:
-    """One float node alone in onnxruntime (``inputs``: its non-empty inputs, in order)."""
+def _float_node(node, inputs: list[np.ndarray], constant: list[bool], opset: int) -> list[np.ndarray]:
+    """One float node alone in onnxruntime (``inputs``: its non-empty inputs, in order; ``constant``: which of them
+    are the deploy graph's initializers, given to onnxruntime as initializers too).  onnxruntime's optimizations
+    run as in the emulation: a float convolution (a layer CANN rolls back) then takes the same kernel, hence the
+    same float32 accumulation order (the device's own order is not known: README, what is assumed)."""
     import onnxruntime as ort
 
-    names = iter(f"in{i}" for i in range(len(inputs)))
-    wired = [next(names) if i else "" for i in node.input]
-    feeds = dict(zip([w for w in wired if w], inputs))
+    names = [f"in{i}" for i in range(len(inputs))]
+    it = iter(names)
+    wired = [next(it) if i else "" for i in node.input]
+    feeds = {n: v for n, v, c in zip(names, inputs, constant) if not c}
+    consts = [numpy_helper.from_array(v, n) for n, v, c in zip(names, inputs, constant) if c]
     single = helper.make_node(node.op_type, wired, list(node.output), **_attrs(node))
     graph = helper.make_graph([single], "one", [
         helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
-        for n, v in feeds.items()], [helper.make_empty_tensor_value_info(o) for o in node.output])
+        for n, v in feeds.items()], [helper.make_empty_tensor_value_info(o) for o in node.output], consts)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     outs = sess.run(None, feeds)
     return [o.astype(F16).astype(F32) if o.dtype == F32 else o for o in outs]
@@ -100,11 +114,10 @@ def run(model: onnx.ModelProto, x16: np.ndarray) -> list[np.ndarray]:
         elif node.op_type == "AscendDequant":
             outs = [ascend_dequant(ins[0], ins[1], a)]
         elif node.op_type in ("Conv", "Gemm") and ins[0].dtype == np.int8:
-            quant = producers[node.input[0]]
-            offset = int(_attrs(quant)["offset"])
+            offset = _offset_x(producers, node)
             fn = int8_conv if node.op_type == "Conv" else int8_gemm
             outs = [fn(ins[0], ins[1], ins[2], a, offset)]
         else:
-            outs = _float_node(node, ins, opset)
+            outs = _float_node(node, ins, [i in inits for i in node.input if i], opset)
         env.update(zip(node.output, outs))
     return [env[o.name] for o in g.output]

@@ -37,6 +37,29 @@ class ResidualNet(nn.Cell):
         return self.fc(y6.reshape(y6.shape[0], -1))
 
 
+class WideNet(nn.Cell):
+    """A network as CANN sees a real one: a 3-channel stem and a 16-channel squeeze layer (rolled back to float16 on
+    the device), wider convolutions, a depthwise one and Dense layers reading more than 16 features (INT8); a
+    Dense reading 12 features (rolled back)."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.stem = conv_bn(3, 24, stride=2, act=nn.ReLU)
+        self.body = conv_bn(24, 32, act=nn.ReLU)
+        self.dw = conv_bn(32, 32, group=32, act=nn.ReLU6)
+        self.squeeze = conv_bn(32, 16, k=1, act=nn.ReLU)
+        self.expand = conv_bn(16, 32, k=1)
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(32, 12)
+        self.head = nn.Dense(12, num_classes)
+
+    def construct(self, x):
+        y = self.body(self.stem(x))
+        y = y + self.expand(self.squeeze(self.dw(y)))
+        return self.head(ops.relu(self.fc(self.flatten(self.gap(y)))))
+
+
 class BasicBlock(nn.Cell):
     def __init__(self, cin, cout, stride):
         super().__init__()
