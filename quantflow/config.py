@@ -7,6 +7,7 @@ resolved against the directory holding the configuration file.
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from pathlib import Path
 from typing import Literal, Optional
@@ -15,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from . import aipp_templates
 from .backends.atc import check_atc_args, check_precision_mode
+from .engine.aipp import MAX_IMAGE_SIZE, MAX_PADDING, STANDARDS, SUPPORTED_FORMATS
 from .errors import ConfigError
 from .quantization.ranges import METHODS
 
@@ -167,12 +169,6 @@ class EvaluationSection(_Section):
             raise ValueError('evaluation.max_class_drop is a top-1 setting; evaluation.metric = "outputs" has no '
                              'classes (its limit is evaluation.min_cosine)')
         return self
-
-
-# the [aipp] section's imports stay beside it (one owner per section)
-import math  # noqa: E402
-
-from .engine.aipp import MAX_IMAGE_SIZE, MAX_PADDING, STANDARDS, SUPPORTED_FORMATS  # noqa: E402
 
 
 class AippPadding(_Section):
