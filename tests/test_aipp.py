@@ -446,3 +446,21 @@ def test_a_template_without_the_crop_block_is_refused(tmp_path):
 def test_read_image_frames_of_the_calibration_set_are_even_for_yuv():
     # the shipped demo images are 32x32: NV12 frames need even sizes
     assert all(d % 2 == 0 for d in read_image(CALIB[0], 3).shape[:2])
+
+
+@pytest.mark.parametrize("mean,scale", [([-0.5, 0.0, 0.0], "0-1"), ([600.0, 0.0, 0.0], "0-255")])
+def test_a_mean_aipp_cannot_subtract_names_the_field(mean, scale, tmp_path):
+    """mean_chn is a uint8 and min_chn in [0, 255] on the device: a pixel-domain mean outside [0, 510] has no AIPP
+    form (a negative one went into a negative min_chn before)."""
+    cfg = cfg_with(normalization={"mean": mean, "scale": scale, "reference": None})
+    with pytest.raises(ConfigError, match=r"normalization.mean\[0\] = .* AIPP subtracts mean_chn_0"):
+        build_and_verify(cfg, CALIB, tmp_path / "a.cfg")
+
+
+def test_a_hand_written_min_chn_outside_its_range_is_refused(tmp_path):
+    text = aipp.render(aipp_templates.path("static_rgb888_u8.cfg"), aipp.aipp_values(
+        (1, 3, 32, 32), [0.5, 0.5, 0.5], [0.25, 0.25, 0.25], "0-1", "RGB", "BGR"))
+    bad = text.replace("min_chn_0 : 0.5", "min_chn_0 : -0.5")
+    assert bad != text
+    with pytest.raises(AippMismatchError, match="min_chn_0: must be in \\[0, 255\\]"):
+        apply(aipp.parse(bad), np.zeros((32, 32, 3), np.uint8))

@@ -95,9 +95,14 @@ def aipp_values(input_shape, mean, std, scale: str, channel_order: str, input_ch
     values["padding"] = (_INDENT.join(f"{key} : {v}" for key, v in padding.items()) if any(g.padding)
                          else "padding : false")
     for i, (m_, s_) in enumerate(zip(mean, std)):
+        # AIPP subtracts mean_chn_i (a uint8) and min_chn_i (in [0, 255]): the pixel-domain mean must be in [0, 510]
         m255 = m_ * k
-        base = math.floor(m255) if m255 >= 0 else 0
-        base = int(min(max(base, 0), 255))
+        if not 0.0 <= m255 <= 510.0:
+            raise ConfigError(f"normalization.mean[{i}] = {m_:g} is {m255:g} in pixels: AIPP subtracts mean_chn_{i} "
+                              f"(an integer in [0, 255]) and min_chn_{i} (in [0, 255]), so it can subtract 0 to 510 "
+                              f"only; a training normalization outside that range cannot run in AIPP (check "
+                              f"normalization.scale)")
+        base = int(min(math.floor(m255), 255))
         values[f"mean_chn_{i}"] = str(base)
         values[f"min_chn_{i}"] = f"{m255 - base:.6f}"
         values[f"var_reci_chn_{i}"] = f"{1.0 / (s_ * k):.9g}"

@@ -263,8 +263,13 @@ def spec(params: dict) -> Aipp:
             raise AippMismatchError(f"AIPP mean_chn_{i}: must be an integer in [0, 255] (a uint8 on the device), "
                                     f"got {params.get(f'mean_chn_{i}')}")
         mean.append(m)
+    minimum = tuple(_float16(params, f"min_chn_{i}", 0.0) for i in range(channels))
+    for i, v in enumerate(minimum):
+        if not 0.0 <= v <= 255.0:
+            raise AippMismatchError(f"AIPP min_chn_{i}: must be in [0, 255] (CANN's AIPP ranges), got "
+                                    f"{params.get(f'min_chn_{i}')}")
     return Aipp(fmt, src, rbuv, ax, crop, csc, padding, _float16(params, "padding_value", 0.0), tuple(mean),
-                tuple(_float16(params, f"min_chn_{i}", 0.0) for i in range(channels)),
+                minimum,
                 tuple(_float16(params, f"var_reci_chn_{i}", 1.0) for i in range(channels)))
 
 
