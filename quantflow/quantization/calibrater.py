@@ -132,7 +132,7 @@ def quantize(graph: Graph, ranges: dict[str, tuple[float, float]], method: str,
             scale_w=scale_w, channel_axis=axis, weight=w_q,
             bias=scheme.quantize_bias(bias, scale_d, scale_w, n.label),
             deq_scale=scheme.deq_scale(scale_d, scale_w), relu=_relu_follows(graph, n, consumers), stats=stats))
-    return QuantParams(method, ops, float16)
+    return QuantParams(method, ops, float16, [n.name for n in quantizable_nodes(graph)])
 
 
 def calibrate(graph: Graph, batches, method: str, percentile: float = 99.99, bins: int = 2048,

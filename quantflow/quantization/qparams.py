@@ -67,15 +67,21 @@ class Float16Op:
 @dataclass
 class QuantParams:
     method: str
-    ops: list[QuantizedOp]                                    # INT8 on the device
+    ops: list[QuantizedOp]                                    # INT8 on the device, in graph order
     float16: list[Float16Op] = field(default_factory=list)    # quantizable, left in float16
+    order: list[str] = field(default_factory=list)            # every quantizable op's node, in graph order
 
     def without(self, nodes, reason: str) -> "QuantParams":
         """These parameters with the INT8 ops of ``nodes`` left in float16 for ``reason``."""
         drop = set(nodes)
         return QuantParams(self.method, [q for q in self.ops if q.node not in drop],
                            self.float16 + [Float16Op(q.node, q.scope, q.op, q.input, reason)
-                                           for q in self.ops if q.node in drop])
+                                           for q in self.ops if q.node in drop], self.order)
+
+    def entries(self) -> list[dict]:
+        """qparams.json's entries: every quantizable op, in graph order (INT8 ops first where it is not known)."""
+        headers = {q.node: q.header() for q in [*self.ops, *self.float16]}
+        return [headers[n] for n in self.order if n in headers] + [h for n, h in headers.items() if n not in self.order]
 
     def by_node(self) -> dict[str, QuantizedOp]:
         return {q.node: q for q in self.ops}
@@ -84,13 +90,12 @@ class QuantParams:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         js, npz = out_dir / QPARAMS_JSON, out_dir / QPARAMS_NPZ
-        arrays = {}
-        for i, q in enumerate(self.ops):
+        entries, by_node = self.entries(), self.by_node()
+        arrays = {}  # numbered as the INT8 entries come in qparams.json
+        for i, q in enumerate(by_node[e["node"]] for e in entries if e["device_precision"] == "int8"):
             arrays[f"{i}.weight"], arrays[f"{i}.bias"], arrays[f"{i}.deq_scale"] = q.weight, q.bias, q.deq_scale
         save_npz(npz, arrays)  # the arrays first: a reader finding the json finds its arrays
-        write_json(js, {"scheme": "ascend-int8", "method": self.method,
-                        "ops": [q.header() for q in self.ops] + [f.header() for f in self.float16]},
-                   indent=1, sort_keys=False)
+        write_json(js, {"scheme": "ascend-int8", "method": self.method, "ops": entries}, indent=1, sort_keys=False)
         return js, npz
 
     @classmethod
@@ -101,8 +106,9 @@ class QuantParams:
             arrays = np.load(npz)
         except (OSError, ValueError) as err:
             raise QuantflowError(f"cannot read quantization parameters from {out_dir}: {err}") from None
-        ops, float16 = [], []
+        ops, float16, order = [], [], []
         for h in meta["ops"]:
+            order.append(h["node"])
             if h.get("device_precision", "int8") == "float16":
                 float16.append(Float16Op(h["node"], h["scope"], h["op"], h["input"], h["reason"]))
                 continue
@@ -112,7 +118,7 @@ class QuantParams:
                 offset_d=h["offset_d"], scale_w=np.asarray(h["scale_w"], np.float64),
                 channel_axis=h["channel_axis"], weight=arrays[f"{i}.weight"], bias=arrays[f"{i}.bias"],
                 deq_scale=arrays[f"{i}.deq_scale"], relu=h["relu"], stats=h.get("stats", {})))
-        return cls(meta["method"], ops, float16)
+        return cls(meta["method"], ops, float16, order)
 
     def table(self) -> str:
         rows = [f"{'layer':<48} {'op':<7} {'scale_d':>10} {'offset_d':>8} {'range lo':>10} {'range hi':>10} "
