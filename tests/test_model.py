@@ -43,12 +43,20 @@ def test_checkpoint_errors(tmp_path):
         build_network(cfg_with(tmp_path, checkpoint="other.ckpt"))
 
 
-def test_training_fails_below_min_accuracy(tmp_path):
+@pytest.mark.slow
+def test_training_fails_below_min_accuracy_and_stops_at_train_steps(tmp_path, capsys):
+    import warnings
+
     from quantflow.demo.train import train
 
     d = tomllib.loads((REPO / "quantflow.toml").read_text())
-    d["train"].update(epochs=1, min_accuracy=0.999)
+    d["train"].update(epochs=2, steps=5, min_accuracy=0.999)
     cfg = config_from_dict(d, root=REPO)
-    with pytest.raises(QuantflowError, match="below train.min_accuracy=0.999"):
-        train(cfg, tmp_path / "m.ckpt")
-    assert (tmp_path / "m.metrics.json").is_file()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # numpy's "Mean of empty slice" among them
+        with pytest.raises(QuantflowError, match="below train.min_accuracy=0.999"):
+            train(cfg, tmp_path / "m.ckpt")
+    out = capsys.readouterr().out
+    # one epoch line, for the epoch train.steps ended in; no loss of an empty epoch (nan)
+    assert "epoch 1/2: loss " in out and "over 5 steps (stopped at train.steps = 5)" in out
+    assert "epoch 2/2" not in out and "nan" not in out
