@@ -39,6 +39,26 @@ def test_each_demo_starts_from_its_shipped_checkpoint_and_trains_nothing(config)
     assert 0.5 < record["metrics"]["heldout_top1"] <= 1.0 and record["trained_on"]["mindspore"]
 
 
+@pytest.mark.parametrize("config", DEMOS)
+def test_each_shipped_checkpoint_loads_into_its_network(config):
+    import mindspore as ms
+    import numpy as np
+
+    from quantflow.data.images import load_images, scan_class_folders
+    from quantflow.demo.data import preprocess_batch
+    from quantflow.frontends.network import build_network
+
+    cfg = load_config(REPO / config)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = build_network(cfg)  # every parameter of the checkpoint fits the network, none is missing
+    items = scan_class_folders(cfg.path(cfg.evaluation.data_dir), cfg.model.num_classes)[::36]
+    x = preprocess_batch(load_images([i.path for i in items], 3, 32, 32))
+    logits = net(ms.Tensor(x)).asnumpy()
+    assert logits.shape == (len(items), 10) and np.isfinite(logits).all()
+    # a trained network: it gets most of these held-out images right (every 36th: about one of each class)
+    assert (logits.argmax(1) == np.array([i.label for i in items])).mean() >= 0.8
+
+
 def test_the_checkpoints_are_package_data():
     patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     shipped = sorted(p.relative_to(REPO / "quantflow" / "demo").as_posix()

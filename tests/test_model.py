@@ -43,7 +43,6 @@ def test_checkpoint_errors(tmp_path):
         build_network(cfg_with(tmp_path, checkpoint="other.ckpt"))
 
 
-@pytest.mark.slow
 def test_training_fails_below_min_accuracy_and_stops_at_train_steps(tmp_path, capsys):
     import warnings
 
