@@ -6,6 +6,7 @@ resolved against the directory holding the configuration file.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import tomllib
@@ -67,8 +68,14 @@ class ModelSection(_Section):
         if len(given) > 1:
             raise ValueError(f"give one network: model.entry (with model.checkpoint), model.mindir or model.onnx, "
                              f"not {' and '.join(given)}")
-        if not given or (self.entry is None) != (self.checkpoint is None):
-            raise ValueError("give model.entry and model.checkpoint, or model.mindir, or model.onnx")
+        if self.entry is not None and self.checkpoint is None:
+            raise ValueError(f"model.checkpoint is required with model.entry = {self.entry!r} (the trained weights; "
+                             f"with [train], the file training writes)")
+        if self.entry is None and self.checkpoint is not None:
+            raise ValueError(f"model.checkpoint = {str(self.checkpoint)!r} needs model.entry (the network it is "
+                             f"loaded into)" + (f", not {given[0]}" if given else ""))
+        if not given:
+            raise ValueError("give the network: model.entry and model.checkpoint, or model.mindir, or model.onnx")
         return self
 
     @field_validator("input_shape")
@@ -107,11 +114,14 @@ class NormalizationSection(_Section):
     @model_validator(mode="after")
     def _lengths(self):
         if len(self.mean) != len(self.std):
-            raise ValueError(f"mean has {len(self.mean)} values but std has {len(self.std)}")
+            raise ValueError(f"normalization.mean has {len(self.mean)} values but normalization.std has "
+                             f"{len(self.std)}")
         if self.channel_order == "GRAY" and len(self.mean) != 1:
-            raise ValueError("channel_order GRAY needs exactly one mean/std value")
+            raise ValueError(f"normalization.channel_order GRAY needs exactly one mean/std value, got "
+                             f"{len(self.mean)}")
         if self.channel_order != "GRAY" and len(self.mean) != 3:
-            raise ValueError(f"channel_order {self.channel_order} needs three mean/std values")
+            raise ValueError(f"normalization.channel_order {self.channel_order} needs three mean/std values, got "
+                             f"{len(self.mean)}")
         return self
 
 
@@ -275,8 +285,14 @@ class BuildSection(_Section):
 
     @model_validator(mode="after")
     def _atc_args(self):
-        check_atc_args(self.atc_args, self.atc_model)
-        check_precision_mode(self.precision_mode, self.atc_model)
+        try:
+            check_atc_args(self.atc_args, self.atc_model)
+        except ValueError as err:
+            raise ValueError(f"build.atc_args: {err}") from None
+        try:
+            check_precision_mode(self.precision_mode, self.atc_model)
+        except ValueError as err:
+            raise ValueError(f"build.precision_mode: {err}") from None
         return self
 
     @field_validator("atc_model")
@@ -340,15 +356,18 @@ class QuantflowConfig(_Section):
         n = len(self.normalization.mean)
         if c != n:
             raise ValueError(
-                f"model.input_shape has {c} channel(s) but normalization.mean has {n} value(s)")
+                f"model.input_shape {list(self.model.input_shape)} has {c} channel(s) but normalization.mean has "
+                f"{n} value(s)")
         if (c == 1) != (self.aipp.input_channel_order == "GRAY"):
-            raise ValueError("aipp.input_channel_order must be GRAY exactly when the model has one input channel")
+            raise ValueError(f"aipp.input_channel_order = {self.aipp.input_channel_order!r} does not fit model.input_shape "
+                             f"{list(self.model.input_shape)}: GRAY exactly when the model has one input channel")
         if self.evaluation.metric == "top1" and self.model.num_classes is None:
             raise ValueError('model.num_classes is required with evaluation.metric = "top1" (the default)')
         if self.evaluation.metric == "top1" and self.calibration.per_class_min * self.model.num_classes > self.calibration.count:
             raise ValueError(
-                f"calibration.count={self.calibration.count} cannot hold per_class_min="
-                f"{self.calibration.per_class_min} images of each of {self.model.num_classes} classes")
+                f"calibration.count = {self.calibration.count} cannot hold calibration.per_class_min = "
+                f"{self.calibration.per_class_min} images of each of the {self.model.num_classes} classes "
+                f"(model.num_classes)")
         return self
 
     @property
@@ -381,16 +400,72 @@ class QuantflowConfig(_Section):
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
 
-def _format_errors(err: ValidationError, source: str) -> str:
+_SHOWN_VALUE_CHARS = 60  # a value quoted in a message is cut to this length
+_MISSING = object()
+
+
+def _value_at(data, loc):
+    """The value at ``loc`` in the configuration as written (``_MISSING`` when it is not there)."""
+    for part in loc:
+        try:
+            data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return _MISSING
+    return data
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN_VALUE_CHARS else text[:_SHOWN_VALUE_CHARS - 5] + " ...)"
+
+
+def _section_fields(section: str) -> list[str]:
+    """The keys a top-level section takes (for a close match to an unknown one)."""
+    field = QuantflowConfig.model_fields.get(section)
+    annotation = getattr(field, "annotation", None)
+    for cls in (annotation, *getattr(annotation, "__args__", ())):
+        if isinstance(cls, type) and issubclass(cls, BaseModel):
+            return list(cls.model_fields)
+    return []
+
+
+def _error_line(e: dict, data: dict) -> str:
+    """One line per problem: the field and the value as written, never a whole section."""
+    loc = list(e["loc"])
+    # an element of a list field (model.input_shape.3) is reported as the field with the list as written
+    while loc and isinstance(loc[-1], int):
+        loc.pop()
+    field = ".".join(str(p) for p in loc)
+    msg = e["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    written = _value_at(data, loc)
+    if e["type"] == "extra_forbidden":
+        known = [k for k in (_section_fields(str(loc[0])) if len(loc) == 2 else list(QuantflowConfig.model_fields))
+                 if k != "root"]
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        return f"{field}: unknown key" + (f" (did you mean {close[0]!r}?)" if close else "")
+    if e["type"] == "missing" and len(loc) == len(e["loc"]):
+        return f"{field}: required but missing"
+    if len(loc) != len(e["loc"]) and written is not _MISSING:  # an element of a list: too few, or a bad element
+        what = "too few values" if e["type"] == "missing" else f"element {e['loc'][-1]}: {msg}"
+        return f"{field}: {what} (got {_show(written)})"
+    if isinstance(e.get("input"), dict) and e["type"] == "value_error":
+        # a check across a section's fields (or across sections): the message names them, the input is the
+        # whole section
+        return f"{field}: {msg}" if field and not msg.startswith(f"{field}.") else msg
+    if e["type"] == "path_type":
+        msg = "must be a path (a string)"
+    if e["type"] in ("model_type", "dict_type"):
+        msg = f"must be a table ([{field}] or {{ key = value, ... }})" if len(loc) == 1 else "must be a table"
+    shown = _show(e.get("input"))
+    return f"{field or '(top level)'}: {msg}" + ("" if f"got {shown}" in msg else f" (got {shown})")
+
+
+def _format_errors(err: ValidationError, source: str, data: dict | None = None) -> str:
     lines = [f"invalid configuration in {source}:"]
     for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        if e["type"] == "extra_forbidden":
-            lines.append(f"  {field}: unknown key")
-        elif e["type"] == "missing":
-            lines.append(f"  {field}: required but missing")
-        else:
-            lines.append(f"  {field}: {e['msg']} (got {e.get('input')!r})")
+        line = "  " + _error_line(e, data or {})
+        if line not in lines:
+            lines.append(line)
     return "\n".join(lines)
 
 
@@ -398,15 +473,21 @@ def config_from_dict(data: dict, root: Path | str = ".", source: str = "<dict>")
     try:
         return QuantflowConfig.model_validate({**data, "root": Path(root)})
     except ValidationError as err:
-        raise ConfigError(_format_errors(err, source)) from None
+        raise ConfigError(_format_errors(err, source, data)) from None
 
 
 def load_config(path: Path | str = DEFAULT_CONFIG_NAME) -> QuantflowConfig:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder; give the configuration file (e.g. {path / DEFAULT_CONFIG_NAME})")
     if not path.is_file():
         raise ConfigError(f"configuration file not found: {path}")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ConfigError(f"cannot read the configuration file {path}: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path} is not a text (UTF-8) file: byte {err.start} cannot be decoded") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path} is not valid TOML: {err}") from None
     if "root" in data:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from quantflow.data.images import IMAGE_EXTS, check_image, scan_images
+from quantflow.entry import first_line, raised_at
 from quantflow.errors import ConfigError, DataError
 from quantflow.io.digest import file_sha256, folder_digest
 
@@ -39,6 +40,9 @@ def _network_outputs(cfg, load_weights: bool) -> list[tuple[int, ...]]:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"model.input_shape {list(cfg.model.input_shape)}: {cfg.model.entry} cannot run on an input "
                           f"of this shape (MindSpore: {first})") from None
+    except Exception as err:  # the network's own code failed
+        raise ConfigError(f"model.entry = {cfg.model.entry!r}: the network raised {first_line(err)} on an input of "
+                          f"model.input_shape {list(cfg.model.input_shape)}{raised_at(err)}") from None
     return [tuple(o.shape) for o in (y if isinstance(y, (tuple, list)) else [y])]
 
 
@@ -93,7 +97,10 @@ def preflight(cfg) -> dict:
     checked = {}
     for field, folder in (("calibration.data_dir", cfg.calibration.data_dir),
                           ("evaluation.data_dir", cfg.evaluation.data_dir)):
-        images = _first_images(cfg.path(folder), cfg.labelled_classes, 1)
+        try:
+            images = _first_images(cfg.path(folder), cfg.labelled_classes, 1)
+        except DataError as err:
+            raise DataError(f"{field} = {str(folder)!r}: {err}") from None
         for it in images:
             _, reason = check_image(it.path, c, h, w)
             if reason is not None and not (field.startswith("calibration") and cfg.calibration.on_bad_image == "skip"):
@@ -111,7 +118,7 @@ def module_file(entry: str) -> list[str]:
     """The source file of an entry point's module, if it has one (a missing module: none, the run reports it)."""
     try:
         spec = importlib.util.find_spec(entry.partition(":")[0])
-    except (ImportError, ValueError):  # a missing parent package raises here, not returns None
+    except Exception:  # a missing parent package raises here (or one that raises on import), not returns None
         return []
     return [spec.origin] if spec is not None and spec.origin and os.path.isfile(spec.origin) else []
 

@@ -158,11 +158,21 @@ def test_two_configs_with_one_output_dir_are_refused_naming_it(tiny):
 
 def test_a_failing_stage_exits_1_with_doits_report_of_it(tiny):
     project, _ = tiny
-    config = _variant(project, "wrong.toml", num_classes="11", count="66", output_dir='"build_wrong"')
+    config = _variant(project, "short.toml", count="70", per_class_min="7", output_dir='"build_short"')
     proc = run_quantflow(project, "build", config)
     assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
-    assert "TaskFailed - taskid:preflight" in proc.stdout + proc.stderr
-    assert "model.num_classes = 11, but the network's output has shape [1, 10]" in proc.stdout + proc.stderr
+    assert "TaskFailed - taskid:sample" in proc.stdout + proc.stderr
+    assert "calibration.per_class_min=7 but some classes have fewer usable images" in proc.stdout + proc.stderr
+
+
+def test_a_stage_refusing_a_setting_exits_2_with_one_line_naming_file_and_field(tiny):
+    project, _ = tiny
+    config = _variant(project, "wrong.toml", num_classes="11", count="66", output_dir='"build_wrong"')
+    proc = run_quantflow(project, "build", config)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in out and "TaskFailed" not in out
+    assert [line for line in out.splitlines() if line.startswith("quantflow: ")] == [
+        "quantflow: wrong.toml: model.num_classes = 11, but the network's output has shape [1, 10] (10 classes)"]
 
 
 def test_a_three_line_dodo_py_runs_the_same_graph_with_doits_parallel_tasks(tiny):

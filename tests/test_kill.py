@@ -26,8 +26,8 @@ from quantflow.io import atomic
 
 # (text in the written path, moment) in pipeline order: at least one point in every stage
 KILL_POINTS = [
-    ("build/demo/digits.ckpt", "before"),        # train: the checkpoint
-    ("build/train.json", "before"),              # train: its completion record
+    ("checkpoints/digits.ckpt", "before"),       # train (QUICK settings: not the shipped ones): the checkpoint
+    ("checkpoints/digits.train.json", "before"), # train: its completion record
     ("calibration/manifest.json", "before"),     # sample
     ("/graph/", "before"),                       # graph: its first file (model.mindir)
     (".graph.done", "before"),                   # graph: everything written but the marker

@@ -1,4 +1,4 @@
-"""The doit graph end to end on the shipped demo (trains the model once per session, about a minute)."""
+"""The doit graph end to end on the shipped demo (from its shipped checkpoint: the build trains nothing)."""
 import json
 import re
 import shutil
@@ -19,7 +19,7 @@ def latest(project: Path) -> dict:
 
 def test_first_run_executes_every_stage(built_demo):
     project, proc = built_demo
-    assert task_lines(proc.stdout) == {t: "ran" for t in ALL}
+    assert task_lines(proc.stdout) == {t: "up-to-date" if t == "train" else "ran" for t in ALL}
     out = proc.stdout
     assert "SKIPPED AIR export" in out and "Ascend backend" in out
     assert "exported INT8 deploy graph (2 AscendQuant/AscendDequant pairs)" in out  # the convolutions: float16
@@ -51,7 +51,8 @@ def test_first_run_executes_every_stage(built_demo):
     assert s["gate"]["fp32_top1"] >= 0.95  # the stated FP32 accuracy of the demo model
     assert s["gate"]["fp32_top1"] - s["gate"]["int8_top1"] <= 0.01
     assert "accuracy gate: PASS" in (dirs["gate"] / "accuracy_report.txt").read_text()
-    metrics = json.loads((project / "build" / "demo" / "digits.metrics.json").read_text())
+    # the FP32 accuracy training measured (MindSpore) is the gate's (the graph IR in onnxruntime)
+    metrics = json.loads((project / "quantflow" / "demo" / "checkpoints" / "digits.train.json").read_text())["metrics"]
     assert metrics["heldout_top1"] == s["gate"]["fp32_top1"]
     assert set(s["keys"]) == set(KEYED)
     assert all(re.fullmatch(r"[0-9a-f]{16}", key) and dirs[stage].name == key for stage, key in s["keys"].items())

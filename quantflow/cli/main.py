@@ -58,7 +58,9 @@ def _build_here(config: Path, tasks: list[str], always: bool) -> int:
     from ..pipeline.doit_graph import namespace
 
     loader = ModuleTaskLoader(namespace(config))
-    return DoitMain(loader).run(["run", *(["--always-execute"] if always else []), *tasks])
+    # doit's own default output stream is the sys.stdout of the moment doit was imported: give it this one
+    return DoitMain(loader, extra_config={"GLOBAL": {"outfile": sys.stdout}}).run(
+        ["run", *(["--always-execute"] if always else []), *tasks])
 
 
 def _build_apart(config: Path, tasks: list[str], always: bool) -> tuple[int, str]:

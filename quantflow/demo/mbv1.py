@@ -2,7 +2,8 @@
 
 Stem 3x3 convolution (stride 2), then depthwise-separable blocks: 3x3 depthwise + BN + ReLU6,
 1x1 pointwise + BN + ReLU6; global average pool and a Dense classifier.  Trained only briefly
-(``train.epochs = 1``) it is the weakly trained ReLU6 network on which the plain KL range fails
+(``train.steps`` in examples/mobilenet_v1_weak/quantflow.toml; the checkpoint ships in
+quantflow/demo/checkpoints/) it is the weakly trained ReLU6 network on which the plain KL range fails
 the gate (tests/test_fallback.py).
 """
 from mindspore import nn, ops

@@ -374,6 +374,8 @@ def read_mindir(path: Path | str) -> Graph:
         model.ParseFromString(path.read_bytes())
     except Exception as err:  # protobuf's DecodeError
         raise UnsupportedNetworkError(f"{path} is not a readable MindIR file: {err}") from None
+    if not model.graph.input or not model.graph.node:  # an empty file (or another protobuf) parses to no graph
+        raise UnsupportedNetworkError(f"{path} is not a readable MindIR file: it holds no graph with an input")
     _canonical_names(model)
     return _Reader(model, str(path)).read()
 

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from ..config import load_config
+from ..errors import ConfigError
 from ..io import atomic
 from ..io.digest import file_sha256
 from ..tasks import STAGES
@@ -15,8 +16,9 @@ from . import keys, lock
 
 
 class Build:
-    def __init__(self, cfg):
+    def __init__(self, cfg, config_file: Path | None = None):
         self.cfg = cfg
+        self.config_file = config_file  # the file cfg was read from (named in messages), when there is one
         self._keys: dict[str, tuple[str, dict]] = {}
 
     def stages(self) -> list[Stage]:
@@ -75,10 +77,15 @@ class Build:
 def open_build(path: Path) -> Build:
     """The build of the configuration at ``path``: its output folder's lock taken (one build at a time per
     build.output_dir; a second build of the same folder waits), what a killed build left there swept, and
-    model.entry / train.entry modules beside the config importable.  A bad config raises QuantflowError."""
+    model.entry / train.entry modules beside the config importable.  A bad config, or an output folder that
+    cannot be written, raises QuantflowError."""
     c = load_config(path)
-    lock.acquire(c.out)
-    atomic.sweep(c.out)
+    try:
+        lock.acquire(c.out)
+        atomic.sweep(c.out)
+    except OSError as err:
+        raise ConfigError(f"{path}: build.output_dir {str(c.build.output_dir)!r}: cannot write the build folder "
+                          f"{c.out}: {err.strerror or err}") from None
     if str(c.root) not in sys.path:
         sys.path.insert(0, str(c.root))
-    return Build(c)
+    return Build(c, Path(path))

@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 
 from doit import create_after, get_var
-from doit.exceptions import TaskFailed
+from doit.exceptions import TaskError, TaskFailed
 from doit.tools import config_changed
 
 from ..config import DEFAULT_CONFIG_NAME
-from ..errors import QuantflowError
+from ..errors import ConfigError, QuantflowError
 from ..tasks import STAGES
 from ..tasks.sample import STAGE as SAMPLE
 from ..tasks.stage import done_marker
@@ -69,14 +69,25 @@ def doit_config() -> dict:
             "dep_file": str(b.cfg.out / ".doit.sqlite"), "backend": "sqlite3"}
 
 
+def config_error_line(b: Build, err: ConfigError) -> str:
+    """A ConfigError raised by a stage as one line naming the configuration file and (in ``err``) the field."""
+    text = " ".join(str(err).split("\n"))
+    where = str(b.config_file) if b.config_file is not None else str(b.cfg.root)
+    return f"quantflow: {text}" if text.startswith(where) else f"quantflow: {where}: {text}"
+
+
 def _action(stage):
-    """The stage's run as a doit python-action: a QuantflowError is a clean task failure; a keyed stage's
-    completion marker is its last write."""
+    """The stage's run as a doit python-action: a QuantflowError is a clean task failure; a ConfigError (a setting
+    or a file the configuration names is wrong) is one line naming the configuration file and the field, and doit
+    exits 2 (a task error) as for a bad configuration; a keyed stage's completion marker is its last write."""
     @functools.wraps(stage.run)
     def action():
         b = build()
         try:
             stage.run(b)
+        except ConfigError as err:
+            print(config_error_line(b, err), file=sys.stderr, flush=True)
+            return TaskError(f"ConfigError: {err}", report=False)
         except QuantflowError as err:
             return TaskFailed(f"{type(err).__name__}: {err}")
         if stage.keyed:

@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PROJECT_FILES = ["dodo.py", "quantflow.toml", "calib_data", "eval_data"]
+# the demo project: its configuration, the shipped checkpoints with their training records (so that its build
+# trains nothing) and its images
+PROJECT_FILES = ["dodo.py", "quantflow.toml", "quantflow/demo/checkpoints", "calib_data", "eval_data"]
 
 
 def copy_project(dest: Path) -> Path:
@@ -20,6 +22,7 @@ def copy_project(dest: Path) -> Path:
         if src.is_dir():
             shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
     return dest
 
