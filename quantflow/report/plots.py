@@ -30,7 +30,7 @@ def sensitivity_chart(labels: list[str], output_db: list[float], alone_db: list[
     ax.barh(y - 0.2, cap(output_db), height=0.4, label="network output, this layer alone INT8")
     ax.barh(y + 0.2, cap(alone_db), height=0.4, label="this layer's output, alone INT8")
     ax.set_yticks(y, labels, fontsize=7)
-    ax.invert_yaxis()
+    ax.set_ylim(len(labels) - 0.5, -0.5)   # most sensitive at the top, no empty rows above or below
     ax.set_xlabel("SQNR (dB), lower = more sensitive")
     # above the plot, so that it covers no bar
     ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False)
