@@ -421,6 +421,62 @@ def test_a_histogram_draws_nothing_where_no_value_fell():
     assert len(block) > 4 * len(single) >= 8 and single[0] - block[-1] > len(block) / 2
 
 
+# ---------------------------------------------------------------------------------------- parts, task, tuning
+def _parts_report() -> dict:
+    from quantflow.config import OutputPart
+    from quantflow.evaluation.outputs import compare_outputs
+    from quantflow.evaluation.parts import regions
+    from quantflow.evaluation.runs import region_sums
+
+    rng = np.random.default_rng(0)
+    f = np.concatenate([rng.uniform(0, 320, (4, 4, 30)), rng.uniform(0, 1, (4, 3, 30))], 1)
+    q = f.copy()
+    q[:, 4:] = rng.uniform(0, 1, (4, 3, 30))
+    regs = regions({"boxes": OutputPart(axis=1, slice="0:4"), "scores": OutputPart(axis=1, slice="4:")},
+                   [("output0", (1, 7, 30))], 0.99)
+    r = compare_outputs(region_sums({"output0": f}, {"output0": q}, regs, 4), regs, [f"f{i}.png" for i in range(4)],
+                        0.99)
+    r.update(metric="outputs", quantized_ops=7, calibration_method="minmax")
+    return r
+
+
+def test_each_part_has_its_row_and_the_failing_part_is_named():
+    rep = Report(render("m", _parts_report(), sensitivity(), {}, None))
+    rows = rep.sections["per-output"]["rows"]
+    assert rows[0][:3] == ["output", "part", "slice"]
+    assert [r[:2] for r in rows[1:]] == [["output0", ""], ["output0", "boxes"], ["output0", "scores"]]
+    assert rows[1][7] == "judged by its parts" and rows[2][7] == "cosine >= 0.99" and rows[3][-1] == "False"
+    assert "Verdict: FAIL" in rep.text("verdict") and "INT8 part scores of output output0 [:, 4:7]" in rep.text("verdict")
+    cells = {r[0]: r[1] for r in rep.sections["verdict"]["rows"][1:]}
+    assert cells["failing"] == "scores"
+
+
+def test_a_task_metric_shows_its_numbers_and_limits():
+    gate = {"images": 20, "task": "detection", "entry": "x", "passed": False, "failures": ["f1"], "metric": "task",
+            "numbers": {"f1": 0.3015, "precision": 0.84, "fp32_detections": 1275.0, "map50_drop": None},
+            "limits": [{"number": "f1", "kind": "min", "limit": 0.9, "value": 0.3015, "passed": False}],
+            "outputs": _parts_report()["outputs"]}
+    rep = Report(render("m", gate, sensitivity(), {}, None))
+    cells = {r[0]: r[1] for r in rep.sections["verdict"]["rows"][1:]}
+    assert cells["task metric"] == "detection" and cells["f1"] == "0.3015 (needs >= 0.9)"
+    assert cells["fp32_detections"] == "1275" and cells["map50_drop"] == "not measured"
+    assert "f1 0.3015 does not meet evaluation.min.f1 0.9" in rep.text("verdict")
+    assert len(rep.sections["per-output"]["rows"]) == 4
+
+
+def test_the_report_shows_the_fallback_figure_on_its_tuning_images_beside_the_gate():
+    gate = gate_report()
+    gate["tuning"] = {"source": "50% of each folder of evaluation.data_dir eval", "images": 9, "passed": True,
+                      "figure": "INT8 top-1 0.9000 (drop 0.00 points)"}
+    fb = dict(fallback_record(), tuning={"source": gate["tuning"]["source"], "images": 9, "names": ["a.png"]})
+    rep = Report(render("m", gate, sensitivity(), {}, fb))
+    cells = {r[0]: r[1] for r in rep.sections["verdict"]["rows"][1:]}
+    assert cells["held-out images"] == "8 (the gate's: none tuned on)" and cells["INT8 top-1"] == "87.50%"
+    assert cells["fallback tuned on"] == "9 images: 50% of each folder of evaluation.data_dir eval"
+    assert cells["fallback's figure on them"] == "INT8 top-1 0.9000 (drop 0.00 points) (passed)"
+    assert "Tuned on 9 images (50% of each folder" in rep.text("fallback") and "judged 8 others" in rep.text("fallback")
+
+
 # ---------------------------------------------------------------------------------------- as a person sees it
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",

@@ -1,7 +1,8 @@
 """The build report as one self-contained HTML file (plots embedded as base64 PNG).
 
-Sections (each an element with the id given): ``verdict``, ``per-class`` (top-1; ``per-output`` for the outputs
-metric, ``quantflow.evaluation``), ``sensitivity``, ``histograms`` (the worst layers' calibration histograms
+Sections (each an element with the id given): ``verdict`` (with the fallback's tuning figure beside the gate's
+when the automatic fallback ran), ``per-class`` (top-1; ``per-output`` for the outputs metric and the task
+metrics, ``quantflow.evaluation``), ``sensitivity``, ``histograms`` (the worst layers' calibration histograms
 with the chosen clip), ``fallback``.  Layers are called by their short names (``qparams.short_names``: unique,
 the block indices kept) in the charts and tables, with the full layer scope beside them in the tables and as
 the tooltip.
@@ -37,6 +38,16 @@ def _table(head: list[str], rows: list[list], cls: str = "") -> str:
     return f"<table{f' class={chr(34)}{cls}{chr(34)}' if cls else ''}><tr>{th}</tr>{trs}</table>"
 
 
+def _verdict_rows(m, gate: dict) -> list[list]:
+    rows = [["held-out images", gate["images"]]] + m.summary_rows(gate)
+    t = gate.get("tuning")
+    if t:
+        rows = [["held-out images", f"{gate['images']} (the gate's: none tuned on)"]] + m.summary_rows(gate) + [
+            ["fallback tuned on", f"{t['images']} images: {t['source']}"],
+            ["fallback's figure on them", f"{t['figure']} ({'passed' if t['passed'] else 'failed'})"]]
+    return rows + [["INT8 ops", gate.get("quantized_ops", "?")], ["range method", gate.get("calibration_method", "?")]]
+
+
 def render(title: str, gate: dict, sensitivity: dict, histograms: dict, fallback: dict | None) -> str:
     """``gate``: the accuracy report; ``sensitivity``: ``Sensitivity.as_dict()``; ``histograms``:
     node -> {"scope", "hist", "lo", "hi", "clip"} (may be empty: minmax collects none);
@@ -45,9 +56,11 @@ def render(title: str, gate: dict, sensitivity: dict, histograms: dict, fallback
     verdict = "PASS" if gate["passed"] else "FAIL"
     parts = [f"<h1>{html.escape(title)}</h1>",
              f'<section id="verdict"><h2>Verdict: <span class="{verdict.lower()}">{verdict}</span></h2>',
-             _table(["", "value"], [["held-out images", gate["images"]]] + m.summary_rows(gate) + [
-                 ["INT8 ops", gate.get("quantized_ops", "?")], ["range method", gate.get("calibration_method", "?")]]),
-             "</section>"]
+             _table(["", "value"], _verdict_rows(m, gate))]
+    failure = m.failure(gate)
+    if failure:
+        parts.append(f'<p class="fail">{html.escape(failure)}</p>')
+    parts.append("</section>")
     section, heading, head, rows = m.details(gate)
     parts += [f'<section id="{section}"><h2>{heading}</h2>', _table(head, rows), "</section>"]
     rows = {r["node"]: r for r in sensitivity["ops"]}
@@ -84,6 +97,10 @@ def render(title: str, gate: dict, sensitivity: dict, histograms: dict, fallback
     if not steps or (fallback or {}).get("mode") == "off":
         parts.append("<p>quantization.fallback is off: every quantizable layer not in quantization.skip is INT8.</p>")
     else:
+        t = (fallback or {}).get("tuning")
+        if t:
+            parts.append(f"<p>Tuned on {t['images']} images ({html.escape(t['source'])}); the gate judged "
+                         f"{gate['images']} others.</p>")
         parts.append(_img(plots.step_chart([s["int8_ops"] for s in steps], m.steps_series(steps, gate)),
                           "fallback steps"))
         parts.append(_table(*m.steps_table(steps)))
