@@ -11,7 +11,7 @@ import json
 import math
 import tomllib
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -154,30 +154,112 @@ class QuantizationSection(_Section):
     sensitivity_images: int = Field(default=32, gt=0, description="calibration images for the per-layer analysis")
 
 
+class OutputPart(_Section):
+    """A part of a network output the gate compares and gates on its own (``evaluation.parts.<name>``): the
+    elements ``slice`` along ``axis`` of ``output``, e.g. a detector's class scores."""
+    output: Optional[str] = Field(default=None, description="the network output it is part of (default: the only one)")
+    axis: int = Field(description="the axis it is sliced along: 1 for the channels of [1, 4 + classes, N], -1 for the "
+                                  "last axis of [1, N, 5 + classes]; not the batch axis 0")
+    slice: str = Field(description='"start:stop" along the axis, e.g. "0:4" or "4:" (Python slice bounds)')
+    min_cosine: Optional[float] = Field(default=None, gt=0.0, le=1.0,
+                                        description="its least cosine of INT8 to FP32 (default evaluation.min_cosine)")
+    min_sqnr_db: Optional[float] = Field(default=None, description="its least SQNR of INT8 to FP32 (dB), if any")
+
+    @field_validator("axis")
+    @classmethod
+    def _axis(cls, v):
+        if v == 0:
+            raise ValueError("axis 0 holds the images (the batch); give the axis the part is sliced along, e.g. 1")
+        return v
+
+    @field_validator("slice")
+    @classmethod
+    def _slice(cls, v):
+        from .evaluation.parts import parse_slice
+        parse_slice(v)
+        return v
+
+
+BUILTIN_METRICS = ("top1", "outputs", "detection")
+
+
 class EvaluationSection(_Section):
     data_dir: Path = Field(description="held-out images for the accuracy gate: per-class folders (top1), or any "
-                                       "image folder (outputs)")
-    metric: Literal["top1", "outputs"] = Field(
+                                       "image folder (outputs and task metrics)")
+    metric: str = Field(
         default="top1", description="top1: classification accuracy of INT8 against FP32 on labelled images; "
-                                    "outputs: INT8 against FP32 on every network output (detectors and other "
-                                    "non-classification heads), by cosine similarity")
+                                    "outputs: INT8 against FP32 on every network output (or each part of it), by "
+                                    "cosine similarity; detection: YOLO-style detections of INT8 against FP32 (F1, "
+                                    "and mAP against YOLO label files); 'module:callable': your own task metric")
     threshold: Optional[float] = Field(default=None, ge=0.0, le=1.0,
                                        description="top1: largest allowed top-1 accuracy drop (fraction, 0.01 = 1 point)")
     min_cosine: float = Field(default=0.99, gt=0.0, le=1.0,
-                              description="outputs: least cosine similarity of INT8 to FP32 allowed on any output")
+                              description="outputs: least cosine similarity of INT8 to FP32 allowed on any output; "
+                                          "the default limit of every part")
+    parts: dict[str, OutputPart] = Field(
+        default_factory=dict, description="parts of outputs compared and gated on their own: name -> part")
+    min: dict[str, float] = Field(default_factory=dict,
+                                  description="task metrics: least value of each named number the metric returns")
+    max: dict[str, float] = Field(default_factory=dict,
+                                  description="task metrics: largest value of each named number the metric returns")
+    options: dict[str, Any] = Field(default_factory=dict,
+                                    description="task metrics: keyword arguments of the metric")
+    tune_dir: Optional[Path] = Field(
+        default=None, description='images the automatic fallback tunes on (quantization.fallback = "auto"); the gate '
+                                  "judges data_dir. Default: a share of data_dir, the gate judging the rest")
+    tune_share: float = Field(default=0.5, gt=0.0, lt=1.0,
+                              description="without tune_dir: the share of each class (or group) of data_dir the "
+                                          "automatic fallback tunes on; the gate judges the other images")
     batch_size: int = Field(default=64, gt=0)
     max_class_drop: Optional[float] = Field(
         default=None, ge=0.0, le=1.0, description="largest allowed top-1 drop of any single class (off by default)")
     allow_missing_classes: bool = Field(
         default=False, description="let the gate run when some of the model's classes have no held-out images")
 
+    @field_validator("metric")
+    @classmethod
+    def _metric_name(cls, v):
+        if v in BUILTIN_METRICS:
+            return v
+        if ":" not in v:
+            raise ValueError(f'must be "top1", "outputs", "detection" or "module:callable" (your own task metric), '
+                             f"got {v!r}")
+        return _check_entry(v)
+
+    @field_validator("parts")
+    @classmethod
+    def _part_names(cls, v):
+        for name in v:
+            if not name or not all(c.isalnum() or c in "_-" for c in name):
+                raise ValueError(f"part name {name!r}: use letters, digits, '_' or '-'")
+        return v
+
+    @property
+    def task(self) -> bool:
+        """A task metric: ``detection`` or the user's own ``module:callable``."""
+        return self.metric not in ("top1", "outputs")
+
     @model_validator(mode="after")
     def _metric(self):
         if self.metric == "top1" and self.threshold is None:
             raise ValueError('evaluation.threshold is required with evaluation.metric = "top1"')
-        if self.metric == "outputs" and self.max_class_drop is not None:
-            raise ValueError('evaluation.max_class_drop is a top-1 setting; evaluation.metric = "outputs" has no '
-                             'classes (its limit is evaluation.min_cosine)')
+        if self.metric != "top1" and self.max_class_drop is not None:
+            raise ValueError(f'evaluation.max_class_drop is a top-1 setting; evaluation.metric = "{self.metric}" has '
+                             f"no classes")
+        if self.metric == "top1" and self.parts:
+            raise ValueError('evaluation.parts: the top-1 gate reads the first output as class scores; parts are '
+                             'gated with evaluation.metric = "outputs" or a task metric')
+        if not self.task:
+            given = [k for k in ("min", "max", "options") if getattr(self, k)]
+            if given:
+                raise ValueError(f"evaluation.{given[0]} belongs to a task metric (evaluation.metric = \"detection\" "
+                                 f"or \"module:callable\"), not to evaluation.metric = \"{self.metric}\"")
+        if self.metric == "detection":
+            from .evaluation.detection import check_options
+            check_options(dict(self.options))
+        elif self.task and not (self.min or self.max):
+            raise ValueError(f"evaluation.min / evaluation.max: give the limits of the numbers {self.metric} returns, "
+                             f"e.g. min = {{ accuracy = 0.99 }}; without one the gate would test nothing")
         return self
 
 

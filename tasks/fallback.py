@@ -1,47 +1,117 @@
 """fallback: the INT8 parameters the build uses: as calibrated (``quantization.fallback = "off"``), or with
 "auto" those left once the most sensitive ops were rolled back to float16 until the gate's check passes on the
-held-out images (or ``max_fallback`` ops are in float); each next op the most sensitive on what the last check
-failed (the outputs gate: the outputs below the limit)."""
+tuning images (or ``max_fallback`` ops are in float); each next op the most sensitive on what the last check
+failed (the outputs gate: the outputs below the limit).
+
+The tuning images are never the gate's: ``evaluation.tune_dir`` when given (an image in it and in
+``evaluation.data_dir`` is an error), else ``evaluation.tune_share`` of each class (or group) of
+``evaluation.data_dir``, the gate judging the rest (``tuning_and_gate_sets``)."""
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from pathlib import Path
 
 from quantflow.data.images import IMAGE_EXTS
 from quantflow.engine import shard
+from quantflow.errors import DataError
 from quantflow.io.atomic import write_json
-from quantflow.io.digest import folder_digest
+from quantflow.io.digest import file_sha256, folder_digest
 from quantflow.quantization.qparams import QPARAMS_JSON, QPARAMS_NPZ, QuantParams
 
 from .aipp import read_params
 from .calibrate import SENSITIVITY_JSON
 from .inputs import evaluation_set, read_graph
+from .preflight import module_file
 from .stage import Stage
 
 FALLBACK_JSON = "fallback.json"
+SENSITIVITY_STAGE = "calibrate"   # the stage whose folder holds sensitivity.json
 
 
-def fallback_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, aipp_dir: Path | None) -> dict:
+def read_sensitivity(b) -> dict:
+    """The per-layer analysis (``sensitivity.json``) of build ``b``.  Every stage reads it here, so that moving the
+    analysis into a stage of its own changes this function (and the stages' needs) only."""
+    return json.loads((b.dir(SENSITIVITY_STAGE) / SENSITIVITY_JSON).read_text())
+
+
+def output_names(cfg, graph) -> dict | None:
+    """The model file's names of the graph's outputs (an ONNX file's declared outputs, e.g. ``output0``), which
+    the report, ``evaluation.parts`` and task metrics use; None where the file names none (the IR's own names)."""
+    if cfg.model.onnx is None:
+        return None
+    import onnx
+    declared = [o.name for o in onnx.load(str(cfg.path(cfg.model.onnx)), load_external_data=False).graph.output]
+    return dict(zip(graph.outputs, declared)) if len(declared) == len(graph.outputs) else None
+
+
+def tuning_and_gate_sets(cfg):
+    """(the images the automatic fallback tunes on -- None with ``quantization.fallback = "off"`` --, the images
+    the gate judges, where the tuning images come from).  The two never share an image: ``evaluation.tune_dir``
+    is checked against ``evaluation.data_dir`` (the same file, or the same bytes, is an error), and without it
+    ``runs.split_held_out`` cuts ``evaluation.data_dir`` in two."""
+    from quantflow.evaluation.runs import held_out, shared_images, split_held_out
+
+    ev, e = evaluation_set(cfg), cfg.evaluation
+    if cfg.quantization.fallback != "auto":
+        return None, ev, None
+    if e.tune_dir is not None:
+        tune = held_out(cfg.path(e.tune_dir), cfg.labelled_classes, True, cfg.root, shape=ev.shape,
+                        normalization=ev.normalization, frame_order=ev.frame_order, batch_size=ev.batch_size,
+                        engine=ev.engine)
+        both = shared_images(tune.paths, ev.paths)
+        if both:
+            a, b = both[0]
+            raise DataError(f"evaluation.tune_dir {e.tune_dir} and evaluation.data_dir {e.data_dir} share "
+                            f"{len(both)} image(s) (e.g. {a} and {b}): the gate would judge images the fallback "
+                            f"tuned on. Keep them apart, or leave out tune_dir to tune on a part of data_dir")
+        return tune, ev, f"evaluation.tune_dir {e.tune_dir}"
+    tune, judge = split_held_out(ev, e.tune_share)
+    if not len(tune) or not len(judge):
+        raise DataError(f"evaluation.data_dir {e.data_dir} holds {len(ev)} image(s): too few to tune the automatic "
+                        f"fallback on {e.tune_share:.0%} of them and gate on the rest; add images or give "
+                        f"evaluation.tune_dir")
+    return tune, judge, f"{e.tune_share:.0%} of each folder of evaluation.data_dir {e.data_dir}"
+
+
+def focus_ranking(sensitivity: dict, m, names: dict | None):
+    """``rerank(report)`` for ``roll_back``: the layers most harmful to the outputs a failed check points at
+    (``m.focus``; a failing part points at its output), by the per-output figures of the per-layer analysis,
+    which names the outputs as the graph IR does (``names``: IR name -> the model file's)."""
+    from quantflow.quantization.sensitivity import rank
+
+    ir_name = {shown: ir for ir, shown in (names or {}).items()}
+
+    def rerank(report: dict) -> list[str]:
+        focus = m.focus(report)
+        return rank(sensitivity["ops"], [ir_name.get(o, o) for o in focus] if focus else None)
+    return rerank
+
+
+def fallback_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, aipp_dir: Path | None,
+                   sensitivity: dict | None) -> dict:
     from quantflow.evaluation.metrics import metric
     from quantflow.quantization.fallback import roll_back
     from quantflow.quantization.passes import fold_for_quantization
-    from quantflow.quantization.sensitivity import rank
 
     kdir, q = Path(kdir), cfg.quantization
     qp = QuantParams.load(calibrate_dir)
     if q.fallback == "off":
         result = {"mode": "off", "steps": [], "float_ops": []}
     else:
-        ev = evaluation_set(cfg)
-        print(f"fallback: accuracy checks on {len(ev)} held-out images {shard.where(cfg.engine)}")
+        tune, judge, source = tuning_and_gate_sets(cfg)
+        print(f"fallback: accuracy checks on {len(tune)} tuning images ({source}; the gate judges {len(judge)} "
+              f"others) {shard.where(cfg.engine)}")
         graph = read_graph(cfg, graph_dir)
         m = metric(cfg.evaluation.metric)
-        check = m.checker(ev, cfg.evaluation, graph, fold_for_quantization(graph), read_params(aipp_dir))
-        sensitivity = json.loads((Path(calibrate_dir) / SENSITIVITY_JSON).read_text())
+        names = output_names(cfg, graph)
+        check = m.checker(tune, cfg.evaluation, graph, fold_for_quantization(graph), read_params(aipp_dir), names)
         qp, steps = roll_back(qp, sensitivity["ranking"], check, q.max_fallback, m.step_keys,
-                              rerank=lambda report: rank(sensitivity["ops"], m.focus(report)))
+                              rerank=focus_ranking(sensitivity, m, names))
         result = {"mode": "auto", "metric": m.name, "max_fallback": q.max_fallback, "steps": steps,
-                  "float_ops": steps[-1]["float_ops"], "passed": steps[-1]["passed"]}
+                  "float_ops": steps[-1]["float_ops"], "passed": steps[-1]["passed"],
+                  "tuning": {"source": source, "images": len(tune), "names": list(tune.names)}}
         for i, st in enumerate(steps):
             names = ", ".join(f["scope"] for f in st["float_ops"]) or "none"
             print(f"fallback step {i}: {st['int8_ops']} INT8 ops, {m.step_line(st)} "
@@ -58,13 +128,56 @@ def _auto(cfg) -> bool:
 def _run(b) -> None:
     c = b.cfg
     result = fallback_stage(c, b.dir("fallback"), b.dir("calibrate"), b.dir("graph"),
-                            b.dir("aipp") if _auto(c) else None)
+                            b.dir("aipp") if _auto(c) else None, read_sensitivity(b) if _auto(c) else None)
     if result["mode"] == "off":
         print("quantization.fallback = off: every calibrated op stays INT8")
     else:
         names = ", ".join(f["scope"] for f in result["float_ops"]) or "none"
         print(f"fallback: {len(result['float_ops'])} op(s) rolled back to float16 ({names}); "
-              f"{'passes' if result['passed'] else 'still fails'} the accuracy check")
+              f"{'passes' if result['passed'] else 'still fails'} the accuracy check on the tuning images")
+
+
+def evaluation_inputs(cfg) -> dict:
+    """What the evaluation depends on beyond ``[evaluation]`` itself: the held-out images (and the tuning images
+    of ``evaluation.tune_dir``), YOLO label files beside them, and the source of a task metric of the user's."""
+    e = cfg.evaluation
+    source = _metric_file(cfg)
+    return {"eval_data": folder_digest(cfg.path(e.data_dir), IMAGE_EXTS),
+            "tune_data": folder_digest(cfg.path(e.tune_dir), IMAGE_EXTS) if e.tune_dir else None,
+            "labels": _labels_digest(cfg) if e.metric == "detection" else None,
+            "metric_source": file_sha256(source) if source else None}
+
+
+def _metric_file(cfg) -> Path | None:
+    """The source file of a task metric of the user's: a module beside the config (looked up there first, so that
+    every process computes the same key whatever its sys.path), or an installed one."""
+    e = cfg.evaluation
+    if not e.task or ":" not in e.metric:
+        return None
+    module = Path(*e.metric.partition(":")[0].split("."))
+    for candidate in (cfg.root / module.with_suffix(".py"), cfg.root / module / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    found = module_file(e.metric)
+    return Path(found[0]) if found else None
+
+
+def _labels_digest(cfg) -> str | None:
+    """The YOLO label files of the held-out images (and of the tuning images), by image and content."""
+    from quantflow.data.images import scan_images
+    from quantflow.evaluation.detection import label_file
+
+    h, e = hashlib.sha256(), cfg.evaluation
+    for folder in filter(None, (e.data_dir, e.tune_dir)):
+        try:
+            items = scan_images(cfg.path(folder), cfg.labelled_classes)
+        except DataError:
+            continue   # the stage itself reports the folder
+        for it in items:
+            found = label_file(it.path)
+            if found is not None:
+                h.update(f"{os.path.relpath(it.path, cfg.root)}\0{file_sha256(found)}\n".encode())
+    return h.hexdigest()
 
 
 def _key_inputs(b) -> dict:
@@ -73,8 +186,7 @@ def _key_inputs(b) -> dict:
         return {"fallback": "off"}
     c = cfg.model_dump(mode="json")
     return {"fallback": "auto", "max_fallback": cfg.quantization.max_fallback, "evaluation": c["evaluation"],
-            "eval_data": folder_digest(cfg.path(cfg.evaluation.data_dir), IMAGE_EXTS),
-            "normalization": c["normalization"], "num_classes": cfg.model.num_classes}
+            **evaluation_inputs(cfg), "normalization": c["normalization"], "num_classes": cfg.model.num_classes}
 
 
 def _summary(b) -> dict:
@@ -84,6 +196,6 @@ def _summary(b) -> dict:
 
 STAGE = Stage(
     name="fallback", doc='the INT8 parameters used: as calibrated, or (fallback = "auto") the most sensitive ops in '
-                         'float16',
+                         'float16, tuned on images the gate does not judge',
     run=_run, needs=lambda cfg: ("graph", "calibrate") + (("aipp",) if _auto(cfg) else ()), key_inputs=_key_inputs,
     outputs=(QPARAMS_JSON, QPARAMS_NPZ, FALLBACK_JSON), summary=_summary)

@@ -1,29 +1,32 @@
 """gate: the accuracy verdict on the final INT8 parameters: the INT8 emulation (each uint8 held-out image through
 the verified AIPP config) against FP32, judged by ``evaluation.metric`` (``quantflow.evaluation``); the accuracy
-report and the HTML build report, written before a failure is raised, so a failing build has its report too."""
+report and the HTML build report, written before a failure is raised, so a failing build has its report too.
+
+With ``quantization.fallback = "auto"`` the gate judges images the fallback did not tune on
+(``fallback.tuning_and_gate_sets``; checked against the tuning images ``fallback.json`` records), and the report
+shows both figures."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from quantflow.data.images import IMAGE_EXTS
 from quantflow.engine import shard
-from quantflow.errors import AccuracyGateError
+from quantflow.errors import AccuracyGateError, DataError
 from quantflow.io.atomic import write_json, write_text
-from quantflow.io.digest import folder_digest
 from quantflow.quantization.qparams import QuantParams
 
 from .aipp import read_params
-from .calibrate import SENSITIVITY_JSON, load_histograms
-from .fallback import FALLBACK_JSON
-from .inputs import evaluation_set, read_graph
+from .calibrate import load_histograms
+from .fallback import FALLBACK_JSON, evaluation_inputs, output_names, read_sensitivity, tuning_and_gate_sets
+from .inputs import read_graph
 from .stage import Stage
 
 REPORT_JSON, REPORT_TXT, REPORT_HTML = "accuracy_report.json", "accuracy_report.txt", "report.html"
 ADVICE_LAYERS = 5   # the most sensitive layers a failing gate names
 
 
-def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_dir: Path, aipp_dir: Path) -> dict:
+def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_dir: Path, aipp_dir: Path,
+               sensitivity: dict) -> dict:
     from quantflow.evaluation.metrics import metric
     from quantflow.quantization.passes import fold_for_quantization
     from quantflow.report import html
@@ -32,16 +35,20 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
     kdir = Path(kdir)
     graph = read_graph(cfg, graph_dir)
     qp = QuantParams.load(fallback_dir)
-    ev = evaluation_set(cfg)
-    print(f"gate: FP32 and INT8 on {len(ev)} held-out images {shard.where(cfg.engine)}")
+    fallback = json.loads((Path(fallback_dir) / FALLBACK_JSON).read_text())
+    _, ev, _ = tuning_and_gate_sets(cfg)
+    tuning = _tuning(cfg, fallback, ev)
+    print(f"gate: FP32 and INT8 on {len(ev)} held-out images{' not tuned on' if tuning else ''} "
+          f"{shard.where(cfg.engine)}")
     m = metric(cfg.evaluation.metric)
-    report = m.evaluate(ev, cfg.evaluation, graph, fold_for_quantization(graph), qp, read_params(aipp_dir))
+    report = m.evaluate(ev, cfg.evaluation, graph, fold_for_quantization(graph), qp, read_params(aipp_dir),
+                        output_names(cfg, graph))
     report.update(metric=m.name, eval_data=str(cfg.evaluation.data_dir), calibration_method=qp.method,
                   quantized_ops=len(qp.ops))
+    if tuning:
+        report.update(tuning=tuning, judged=list(ev.names))
     write_json(kdir / REPORT_JSON, report, sort_keys=False)
     write_text(kdir / REPORT_TXT, format_table(report) + "\n")
-    sensitivity = json.loads((Path(calibrate_dir) / SENSITIVITY_JSON).read_text())
-    fallback = json.loads((Path(fallback_dir) / FALLBACK_JSON).read_text())
     html.write(kdir / REPORT_HTML, f"quantflow build report: {cfg.model.entry or cfg.model.mindir or cfg.model.onnx}",
                report, sensitivity, load_histograms(calibrate_dir, QuantParams.load(calibrate_dir)), fallback)
     print(format_table(report))
@@ -50,6 +57,26 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
     if failure:
         raise AccuracyGateError(f"{failure}{_advice(sensitivity, qp, cfg)} (report: {kdir / REPORT_HTML})")
     return report
+
+
+def _tuning(cfg, fallback: dict, ev) -> dict | None:
+    """The fallback's tuning images and its last figure, checked apart from the gate's images ``ev``."""
+    from quantflow.evaluation.metrics import metric
+    from quantflow.evaluation.runs import shared_images
+
+    if fallback.get("mode") != "auto":
+        return None
+    t = fallback["tuning"]
+    # a folder of its own is checked by content too; a split of data_dir is disjoint by construction (a frame
+    # that occurs twice in the user's folder may fall on both sides)
+    tuned = [cfg.path(n) for n in t["names"]]
+    both = shared_images(tuned, ev.paths, same_bytes=cfg.evaluation.tune_dir is not None)
+    if both:
+        raise DataError(f"the gate's images and the fallback's tuning images share {len(both)} (e.g. {both[0][1]}); "
+                        f"a verdict on them would not be independent")
+    last = fallback["steps"][-1]
+    return {"source": t["source"], "images": t["images"], "passed": last["passed"],
+            "figure": metric(fallback.get("metric", cfg.evaluation.metric)).step_line(last)}
 
 
 def _advice(sensitivity: dict, qp, cfg) -> str:
@@ -71,8 +98,8 @@ def _advice(sensitivity: dict, qp, cfg) -> str:
 
 def _key_inputs(b) -> dict:
     c = b.cfg.model_dump(mode="json")
-    return {"evaluation": c["evaluation"], "eval_data": folder_digest(b.cfg.path(b.cfg.evaluation.data_dir), IMAGE_EXTS),
-            "normalization": c["normalization"], "num_classes": b.cfg.model.num_classes}
+    return {"evaluation": c["evaluation"], **evaluation_inputs(b.cfg), "normalization": c["normalization"],
+            "num_classes": b.cfg.model.num_classes}
 
 
 def _summary(b) -> dict:
@@ -82,13 +109,13 @@ def _summary(b) -> dict:
     report = json.loads((d / REPORT_JSON).read_text())
     m = metric(report)
     return {"gate": {"passed": report["passed"], "metric": m.name, "verdict": m.verdict(report),
-                     **{k: report[k] for k in m.summary_keys}},
+                     **{k: report[k] for k in m.summary_keys if k in report}},
             "accuracy_report": str(d / REPORT_TXT), "report": str(d / REPORT_HTML)}
 
 
 STAGE = Stage(
     name="gate", doc="INT8 emulation vs FP32 on held-out images; fails beyond the evaluation limits",
     run=lambda b: gate_stage(b.cfg, b.dir("gate"), b.dir("graph"), b.dir("calibrate"), b.dir("fallback"),
-                             b.dir("aipp")),
+                             b.dir("aipp"), read_sensitivity(b)),
     needs=("graph", "calibrate", "fallback", "aipp"), key_inputs=_key_inputs,
     outputs=(REPORT_JSON, REPORT_TXT, REPORT_HTML), summary=_summary)

@@ -1,4 +1,5 @@
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,6 +10,8 @@ from quantflow.tasks.inputs import evaluation_set
 from quantflow.backends.aipp import parse
 from quantflow.evaluation.metrics import metric
 from quantflow.evaluation.outputs import compare_outputs
+from quantflow.evaluation.parts import Region
+from quantflow.evaluation.runs import HeldOut, shared_images, split_held_out
 from quantflow.evaluation.top1 import compare
 from quantflow.frontends.mindir import read_mindir
 from quantflow.quantization.passes import fold_for_quantization
@@ -38,7 +41,8 @@ def test_compare_outputs_arithmetic():
     q[1, 1] += 0.3 * rng.normal(size=40)                 # image 1 spoils output "o1"
     stats = np.stack([np.sum(f * q, 2), np.sum(f * f, 2), np.sum(q * q, 2), np.sum((f - q) ** 2, 2),
                       np.abs(f - q).max(2)], 2)
-    r = compare_outputs(stats, ["o0", "o1"], [(1, 40), (1, 40)], ["img0", "img1", "img2"], min_cosine=0.999)
+    regions = [Region(o, o, (1, 40), min_cosine=0.999) for o in ("o0", "o1")]
+    r = compare_outputs(stats, regions, ["img0", "img1", "img2"], min_cosine=0.999)
     o0, o1 = r["outputs"]
     assert o0["cosine"] == 1.0 and o0["sqnr_db"] == float("inf") and o0["passed"] and o0["max_abs_diff"] == 0
     a, b = f[:, 1].ravel(), q[:, 1].ravel()
@@ -48,8 +52,9 @@ def test_compare_outputs_arithmetic():
     assert r["failures"] == ["o1"] and not r["passed"] and r["least_cosine"] == o1["cosine"]
     r.update(metric="outputs")
     assert "accuracy gate: FAIL" in format_table(r) and "img1" in format_table(r)
-    assert metric(r).failure(r).startswith("INT8 output(s) o1 (cosine")
-    assert compare_outputs(stats, ["o0", "o1"], [(1, 40)] * 2, ["a", "b", "c"], min_cosine=o1["cosine"])["passed"]
+    assert metric(r).failure(r).startswith("INT8 output o1 (cosine")
+    loose = [dataclasses.replace(g, min_cosine=o1["cosine"]) for g in regions]
+    assert compare_outputs(stats, loose, ["a", "b", "c"], min_cosine=o1["cosine"])["passed"]
 
 
 def test_demo_passes_and_a_tampered_quantization_fails(built_demo, demo_cfg):
@@ -97,3 +102,58 @@ def test_a_class_without_held_out_images_is_an_error_unless_allowed(tmp_path):
     d["evaluation"]["allow_missing_classes"] = True
     ev = evaluation_set(config_from_dict(d, root=tmp_path))
     assert 3 not in ev.labels and len(ev.paths) == len(ev.labels) > 300
+
+
+def test_top5_is_reported_beside_top1_from_100_classes():
+    rng = np.random.default_rng(0)
+    labels = np.arange(200) % 100
+    fp = rng.uniform(0, 1, size=(200, 100))
+    rows = np.arange(200)
+    fp[rows, labels] = 10.0                                 # FP32: every image right
+    q = fp.copy()
+    q[rows[:50], labels[:50]] = -1.0                        # INT8: the first 50 lose their class entirely
+    q[rows[50:100], labels[50:100]] = 0.995                 # the next 50: no longer first, in the top 5 or not
+    r = compare(fp, q, labels, threshold=0.5)
+    assert r["fp32_top1"] == 1.0 and r["fp32_top5"] == 1.0
+    best5 = np.argsort(-q, 1, kind="stable")[:, :5]
+    assert r["int8_top5"] == np.mean(np.any(best5 == labels[:, None], 1)) and r["int8_top5"] < 0.8
+    assert r["int8_top5"] > r["int8_top1"]
+    text = format_table(r)
+    assert "top-5: FP32 100.00%" in text and "shown, not gated" in text
+    assert ["INT8 top-5", f"{r['int8_top5'] * 100:.2f}%"] in metric("top1").summary_rows(r)
+    # fewer classes: no top-5
+    assert "fp32_top5" not in compare(fp[:, :99], q[:, :99], labels % 99, threshold=0.5)
+
+
+def _held(labels) -> HeldOut:
+    n = len(labels)
+    return HeldOut(tuple(Path(f"/e/{i:03d}.png") for i in range(n)), np.asarray(labels), tuple(f"{i:03d}" for i in
+                   range(n)), (3, 8, 8), ((0,), (1,), "0-1", "RGB"), "BGR", 4)
+
+
+def test_the_fallback_tunes_on_images_the_gate_does_not_judge():
+    """Each class spread over both parts, the first image of each class the gate's; the parts are disjoint and
+    together the whole set."""
+    labels = [0] * 7 + [1] * 2 + [2] * 1 + [3] * 10
+    ev = _held(labels)
+    tune, judge = split_held_out(ev, 0.5)
+    assert set(tune.paths).isdisjoint(judge.paths) and len(tune) + len(judge) == len(ev)
+    assert sorted(tune.paths + judge.paths) == sorted(ev.paths)
+    assert sorted(set(judge.labels.tolist())) == [0, 1, 2, 3]          # every class judged
+    assert [int(np.sum(tune.labels == c)) for c in range(4)] == [3, 1, 0, 5]
+    assert tune.names == tuple(ev.names[int(p.stem)] for p in tune.paths)
+    assert judge.paths[0] == ev.paths[0] and tune.paths[0] == ev.paths[1]
+    a, b = split_held_out(ev, 0.25)
+    assert len(a) == 1 + 0 + 0 + 2 and set(a.paths).isdisjoint(b.paths)
+
+
+def test_shared_images_finds_the_same_file_and_the_same_bytes(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    for name, data in (("a/x.png", b"one"), ("a/y.png", b"two"), ("b/z.png", b"two"), ("b/w.png", b"six")):
+        (tmp_path / name).write_bytes(data)
+    a = [tmp_path / "a/x.png", tmp_path / "a/y.png"]
+    b = [tmp_path / "b/z.png", tmp_path / "b/w.png", tmp_path / "a/../a/x.png"]
+    assert shared_images(a, b) == sorted([(tmp_path / "a/x.png", tmp_path / "a/../a/x.png"),
+                                          (tmp_path / "a/y.png", tmp_path / "b/z.png")])
+    assert shared_images(a[:1], b[:2]) == []

@@ -3,8 +3,8 @@ ReLU6 network (examples/mobilenet_v1_weak) on which plain KL clips a ReLU6 outpu
 
 - fallback off: the gate fails, naming the most sensitive layers and the setting to try; the report is
   written all the same;
-- fallback = "auto": the most sensitive layer goes back to float16, the build passes, the report
-  names it and the deploy graph has no AscendQuant in front of it;
+- fallback = "auto": the most sensitive layer goes back to float16 (tuned on half of the held-out images), the
+  build passes on the other half, the report names it and the deploy graph has no AscendQuant in front of it;
 - the default, guarded KL passes without any fallback.
 """
 from __future__ import annotations
@@ -105,8 +105,14 @@ def test_auto_fallback_rolls_the_worst_layer_back_and_passes(failing):
     assert latest["float16_fallback"] == [worst] and latest["gate"]["passed"]
     assert f"build report: {latest['report']}" in proc.stdout
 
-    steps = json.loads((Path(latest["artifacts"]["fallback"]) / "fallback.json").read_text())["steps"]
+    fallback = json.loads((Path(latest["artifacts"]["fallback"]) / "fallback.json").read_text())
+    steps = fallback["steps"]
     assert [s["passed"] for s in steps] == [False, True]
+    # tuned on half of each class's held-out images, judged by the gate on the other half
+    gate = json.loads((Path(latest["artifacts"]["gate"]) / "accuracy_report.json").read_text())
+    tuned, judged = fallback["tuning"]["names"], gate["judged"]
+    assert set(tuned).isdisjoint(judged) and len(tuned) + len(judged) == 359 and gate["images"] == len(judged)
+    assert gate["tuning"]["images"] == len(tuned) and gate["tuning"]["passed"]
     assert steps[0]["drop"] > 0.05 and steps[1]["drop"] <= 0.01 and steps[1]["int8_ops"] == steps[0]["int8_ops"] - 1
 
     # the deploy graph: no AscendQuant feeds the rolled-back layer; every other calibrated layer is INT8
@@ -119,7 +125,7 @@ def test_auto_fallback_rolls_the_worst_layer_back_and_passes(failing):
 
     report = _parse(Path(latest["report"]))
     assert set(SECTIONS) <= set(report.sections)
-    assert "PASS" in report.sections["verdict"]
+    assert "PASS" in report.sections["verdict"] and "fallback tuned on" in report.sections["verdict"]
     assert worst in report.sections["fallback"] and worst in report.sections["sensitivity"]
     assert len(report.images) >= 3  # sensitivity chart, histograms of the worst layers, fallback steps
     for src in report.images:

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import base64
 import math
+import shutil
+import subprocess
 from html.parser import HTMLParser
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -12,7 +15,7 @@ import pytest
 from quantflow.evaluation.metrics import metric
 from quantflow.evaluation.top1 import compare
 from quantflow.quantization.fallback import roll_back
-from quantflow.quantization.qparams import QuantizedOp, QuantParams
+from quantflow.quantization.qparams import QuantizedOp, QuantParams, fit, short_names
 from quantflow.report import plots
 from quantflow.report.html import WORST_LAYERS, render, write
 
@@ -212,9 +215,12 @@ def test_sensitivity_section_ranks_most_sensitive_first(full_report):
     chart = decode_png(sec["imgs"][0]["src"])
     assert chart.shape[1] == 900     # 9 inches at 100 dpi
     rows = sec["rows"]
-    assert rows[0][:2] == ["rank", "layer"] and len(rows) == 1 + N_OPS
-    # ranked by output SQNR, lowest first: node6 (15 dB) ... node1 (40 dB), then the exact node0 (inf)
-    assert [r[1] for r in rows[1:]] == [f"Default/block{i}-Cell/Conv2D-op{i}" for i in [6, 5, 4, 3, 2, 1, 0]]
+    assert rows[0][:2] == ["rank", "layer"] and rows[0][-1] == "full layer name" and len(rows) == 1 + N_OPS
+    # ranked by output SQNR, lowest first: node6 (15 dB) ... node1 (40 dB), then the exact node0 (inf); each by
+    # its short name, its full scope beside it
+    order = [6, 5, 4, 3, 2, 1, 0]
+    assert [r[1] for r in rows[1:]] == [f"block{i}" for i in order]
+    assert [r[-1] for r in rows[1:]] == [f"Default/block{i}-Cell/Conv2D-op{i}" for i in order]
     assert [r[0] for r in rows[1:]] == [str(i) for i in range(1, N_OPS + 1)]
     assert rows[1][2:6] == ["MatMul", "kl", "15.0", "0.93000"]
     assert rows[-1][4] == "inf" and rows[-1][6] == "inf"
@@ -255,7 +261,7 @@ def test_fallback_section_names_the_rolled_back_layers(full_report):
     assert rows[0] == ["step", "layers in float16", "INT8 ops", "INT8 top-1", "drop (points)", "passed"]
     assert rows[1:] == [
         ["0", "(none)", "7", "80.00%", "+10.00", "False"],
-        ["1", "Default/block6-Cell/Conv2D-op6", "6", "85.00%", "+5.00", "False"],
+        ["1", "Default/block6-Cell/Conv2D-op6", "6", "85.00%", "+5.00", "False"],  # the fallback names in full
         ["2", "Default/block6-Cell/Conv2D-op6, Default/block5-Cell/Conv2D-op5", "5", "90.00%", "+0.00", "True"]]
     assert "fallback is off" not in full_report.text("fallback")
 
@@ -316,3 +322,195 @@ def test_fallback_steps_plot():
     assert img.shape[:2] == (260, 600)
     assert has_colour(img, RED) and has_colour(img, (0, 128, 0))   # the gate limit and the FP32 line
     decode_bytes(plots.step_chart([3], metric("top1").steps_series(steps[:1], {"fp32_top1": 0.9, "threshold": 0.0})))
+
+
+# ---------------------------------------------------------------------------------------- readable layer names
+MBV2 = (["Default/features-SequentialCell/0-SequentialCell/0-Conv2d/Conv2D-op0"]
+        + [f"Default/features-SequentialCell/{b}-InvertedResidual/block-SequentialCell/{k}-SequentialCell/0-Conv2d/"
+           f"Conv2D-op0" for b in range(1, 6) for k in range(3)]
+        + ["Default/features-SequentialCell/6-SequentialCell/0-Conv2d/Conv2D-op0", "Default/classifier-Dense/MatMul-op0"])
+
+
+def test_short_names_are_unique_and_keep_the_block_index():
+    short = short_names(MBV2)
+    assert len(set(short.values())) == len(MBV2) == 18
+    assert short[MBV2[0]] == "features.0.0" and short[MBV2[1]] == "features.1.block.0.0"
+    assert short[MBV2[15]] == "features.5.block.2.0" and short[MBV2[-1]] == "classifier"
+    # the former display, the last 48 characters: five MobileNetV2 layers read alike
+    assert len({s[-48:] for s in MBV2}) < len(MBV2)
+    onnx_names = ["/model.0/conv/Conv", "/model.2/m.0/cv1/conv/Conv", "/model.22/cv3.0/cv3.0.2/Conv"]
+    assert list(short_names(onnx_names).values()) == ["model.0.conv", "model.2.m.0.cv1.conv", "model.22.cv3.0.cv3.0.2"]
+    # where the cell path alone repeats, the op is kept (with its index only where needed)
+    two = ["Default/b-Cell/Conv2D-op0", "Default/b-Cell/Conv2D-op1", "Default/c-Cell/MatMul-op0"]
+    assert list(short_names(two).values()) == ["b.Conv2D-op0", "b.Conv2D-op1", "c.MatMul-op0"]
+    assert short_names(["Conv_41", "Conv_44"]) == {"Conv_41": "Conv_41", "Conv_44": "Conv_44"}
+    assert fit("features.5.block.2.0", 12) == "featu…ck.2.0" and len(fit("x" * 100, 12)) == 12
+
+
+def _sensitivity_of(scopes) -> dict:
+    ops = [{"node": f"v{i}", "scope": s, "op": "Conv2D", "method": "mse", "alone": {"sqnr_db": 30.0 + i, "cosine": 0.999},
+            "output": {"sqnr_db": 20.0 + i, "cosine": 0.99}, "cumulative": {"sqnr_db": 20.0, "cosine": 0.98}}
+           for i, s in enumerate(scopes)]
+    return {"images": 32, "ranking": [o["node"] for o in ops], "ops": ops}
+
+
+def test_console_tables_name_layers_short_and_in_full():
+    from quantflow.quantization.sensitivity import Sensitivity
+
+    sens = _sensitivity_of(MBV2)
+    table = Sensitivity(sens["ops"], 32).table(5).splitlines()
+    assert len(table) == 6 and table[0].split()[:2] == ["rank", "layer"] and table[0].endswith("full layer name")
+    assert [line.split()[1] for line in table[1:]] == ["features.0.0"] + [f"features.1.block.{k}.0" for k in range(3)] + [
+        "features.2.block.0.0"]
+    assert all(line.endswith(MBV2[i]) for i, line in enumerate(table[1:]))
+    ops = [QuantizedOp(node=f"v{i}", scope=s, op="Conv2D", input="t", scale_d=0.1, offset_d=0, scale_w=np.ones(2),
+                       channel_axis=0, weight=np.ones((2, 1, 1, 1), np.int8), bias=np.zeros(2, np.int32),
+                       deq_scale=np.ones(2, np.float32)) for i, s in enumerate(MBV2)]
+    rows = QuantParams("mse", ops).table().splitlines()
+    assert len({r.split()[0] for r in rows[1:]}) == 18 and rows[2].split()[0] == "features.1.block.0.0"
+    assert rows[2].endswith(MBV2[1])
+
+
+def test_the_report_names_layers_short_with_the_full_name_beside_and_as_tooltip():
+    sens = _sensitivity_of(MBV2)
+    hist = histograms([])
+    hist.update({f"v{i}": {"scope": MBV2[i], "hist": np.arange(64), "lo": 0.0, "hi": 6.0, "clip": (0.0, 5.0)}
+                 for i in range(4)})
+    text = render("m", gate_report(), sens, hist, None)
+    rep = Report(text)
+    rows = rep.sections["sensitivity"]["rows"][1:]
+    assert [r[1] for r in rows] == [short_names(MBV2)[s] for s in MBV2] and len({r[1] for r in rows}) == 18
+    assert f'<td title="{MBV2[1]}">features.1.block.0.0</td>' in text
+    # four layers with histograms: the heading says four
+    assert "Activation ranges of the 4 most sensitive layers" in rep.text("histograms")
+    assert len(rep.sections["histograms"]["imgs"]) == 4
+    one = Report(render("m", gate_report(), sens, {"v0": hist["v0"]}, None))
+    assert "Activation range of the most sensitive layer" in one.text("histograms")
+
+
+def test_the_chart_legend_covers_no_bar(monkeypatch):
+    """The legend sits above the axes: no part of it inside the plot, whatever the bars' lengths."""
+    seen = {}
+    real = plots._png
+
+    def keep(plt, fig):
+        fig.tight_layout()          # as _png lays it out
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        seen["axes"], seen["legend"] = ax.get_window_extent(), ax.get_legend().get_window_extent()
+        return real(plt, fig)
+
+    monkeypatch.setattr(plots, "_png", keep)
+    plots.sensitivity_chart([f"layer{i}" for i in range(12)], [60.0] * 12, [70.0] * 12)
+    assert seen["legend"].y0 >= seen["axes"].y1 - 1      # above the plot area, where no bar is
+
+
+def test_a_histogram_draws_nothing_where_no_value_fell():
+    """Empty bins draw no band along the bottom; a bin of one count still shows."""
+    hist = np.zeros(100, np.int64)
+    hist[60:80] = 1000
+    hist[95] = 1
+    img = decode_bytes(plots.activation_histogram("t", hist, 0.0, 10.0, (6.0, 9.9)))
+    fill = np.all(np.abs(img.astype(int) - (210, 173, 121)) <= 40, axis=-1)     # the bars' colour (BGR)
+    cols = np.where(fill.any(0))[0]
+    runs = np.split(cols, np.where(np.diff(cols) > 1)[0] + 1)
+    # two runs of filled columns: the bins 60..80 and the one-count bin 95; none where no value fell (the band
+    # under every empty bin would join them into one run over the whole axis)
+    assert len(runs) == 2
+    block, single = runs
+    assert len(block) > 4 * len(single) >= 8 and single[0] - block[-1] > len(block) / 2
+
+
+# ---------------------------------------------------------------------------------------- parts, task, tuning
+def _parts_report() -> dict:
+    from quantflow.config import OutputPart
+    from quantflow.evaluation.outputs import compare_outputs
+    from quantflow.evaluation.parts import regions
+    from quantflow.evaluation.runs import region_sums
+
+    rng = np.random.default_rng(0)
+    f = np.concatenate([rng.uniform(0, 320, (4, 4, 30)), rng.uniform(0, 1, (4, 3, 30))], 1)
+    q = f.copy()
+    q[:, 4:] = rng.uniform(0, 1, (4, 3, 30))
+    regs = regions({"boxes": OutputPart(axis=1, slice="0:4"), "scores": OutputPart(axis=1, slice="4:")},
+                   [("output0", (1, 7, 30))], 0.99)
+    r = compare_outputs(region_sums({"output0": f}, {"output0": q}, regs, 4), regs, [f"f{i}.png" for i in range(4)],
+                        0.99)
+    r.update(metric="outputs", quantized_ops=7, calibration_method="minmax")
+    return r
+
+
+def test_each_part_has_its_row_and_the_failing_part_is_named():
+    rep = Report(render("m", _parts_report(), sensitivity(), {}, None))
+    rows = rep.sections["per-output"]["rows"]
+    assert rows[0][:3] == ["output", "part", "slice"]
+    assert [r[:2] for r in rows[1:]] == [["output0", ""], ["output0", "boxes"], ["output0", "scores"]]
+    assert rows[1][7] == "judged by its parts" and rows[2][7] == "cosine >= 0.99" and rows[3][-1] == "False"
+    assert "Verdict: FAIL" in rep.text("verdict") and "INT8 part scores of output output0 [:, 4:7]" in rep.text("verdict")
+    cells = {r[0]: r[1] for r in rep.sections["verdict"]["rows"][1:]}
+    assert cells["failing"] == "scores"
+
+
+def test_a_task_metric_shows_its_numbers_and_limits():
+    gate = {"images": 20, "task": "detection", "entry": "x", "passed": False, "failures": ["f1"], "metric": "task",
+            "numbers": {"f1": 0.3015, "precision": 0.84, "fp32_detections": 1275.0, "map50_drop": None},
+            "limits": [{"number": "f1", "kind": "min", "limit": 0.9, "value": 0.3015, "passed": False}],
+            "outputs": _parts_report()["outputs"]}
+    rep = Report(render("m", gate, sensitivity(), {}, None))
+    cells = {r[0]: r[1] for r in rep.sections["verdict"]["rows"][1:]}
+    assert cells["task metric"] == "detection" and cells["f1"] == "0.3015 (needs >= 0.9)"
+    assert cells["fp32_detections"] == "1275" and cells["map50_drop"] == "not measured"
+    assert "f1 0.3015 does not meet evaluation.min.f1 0.9" in rep.text("verdict")
+    assert len(rep.sections["per-output"]["rows"]) == 4
+
+
+def test_the_report_shows_the_fallback_figure_on_its_tuning_images_beside_the_gate():
+    gate = gate_report()
+    gate["tuning"] = {"source": "50% of each folder of evaluation.data_dir eval", "images": 9, "passed": True,
+                      "figure": "INT8 top-1 0.9000 (drop 0.00 points)"}
+    fb = dict(fallback_record(), tuning={"source": gate["tuning"]["source"], "images": 9, "names": ["a.png"]})
+    rep = Report(render("m", gate, sensitivity(), {}, fb))
+    cells = {r[0]: r[1] for r in rep.sections["verdict"]["rows"][1:]}
+    assert cells["held-out images"] == "8 (the gate's: none tuned on)" and cells["INT8 top-1"] == "87.50%"
+    assert cells["fallback tuned on"] == "9 images: 50% of each folder of evaluation.data_dir eval"
+    assert cells["fallback's figure on them"] == "INT8 top-1 0.9000 (drop 0.00 points) (passed)"
+    assert "Tuned on 9 images (50% of each folder" in rep.text("fallback") and "judged 8 others" in rep.text("fallback")
+
+
+# ---------------------------------------------------------------------------------------- as a person sees it
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
+                  "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
+
+
+def screenshot(html_file: Path, png: Path, width: int = 1200, height: int = 4000) -> np.ndarray:
+    """``html_file`` as headless Chromium shows it (a fresh profile, no network), as a BGR image."""
+    assert CHROMIUM, "the report screenshot needs Chromium (Debian: apt-get install -y chromium)"
+    profile = png.parent / f"{png.stem}-profile"
+    subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
+                    f"--screenshot={png}", html_file.resolve().as_uri()], capture_output=True, timeout=180, check=True)
+    return decode_bytes(png.read_bytes())
+
+
+def test_the_report_as_a_person_sees_it_in_a_browser(tmp_path):
+    """A MobileNetV2-sized report rendered by Chromium: every plot is drawn (the bars' colours on the page), the
+    layers' short names are distinct, nothing is cut off at the right.  The screenshot stays in the test's
+    folder for a person to look at."""
+    sens = _sensitivity_of(MBV2)
+    hist = {f"v{i}": {"scope": MBV2[i], "hist": np.histogram(np.random.default_rng(i).gamma(2, size=5000), 256,
+                                                              (-1, 12))[0], "lo": -1.0, "hi": 12.0, "clip": (0.0, 8.0)}
+            for i in range(6)}
+    gate = gate_report()
+    gate["tuning"] = {"source": "50% of each folder of evaluation.data_dir eval", "images": 9, "passed": True,
+                      "figure": "INT8 top-1 0.9000 (drop 0.00 points)"}
+    page = write(tmp_path / "report.html", "quantflow build report: quantflow.demo.mbv2:build", gate, sens, hist,
+                 fallback_record())
+    shot = screenshot(page, tmp_path / "report.png")
+    assert has_colour(shot, (180, 119, 31), tol=10) and has_colour(shot, (14, 127, 255), tol=10)  # both bar colours
+    assert has_colour(shot, (210, 173, 121), tol=25)                                   # the histograms' bars
+    assert has_colour(shot, RED, tol=40)                                               # clip lines, gate limit
+    # nothing drawn in the rightmost strip: the page fits the window
+    assert (shot[:, -40:] > 245).all()
+    rows = Report(page.read_text()).sections["sensitivity"]["rows"][1:]
+    assert len({r[1] for r in rows}) == len(rows) == 18
+    print(f"report screenshot: {tmp_path / 'report.png'}")

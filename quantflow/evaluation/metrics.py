@@ -1,20 +1,24 @@
 """The accuracy gate's metrics (``evaluation.metric``), by name (the protocol: ``protocol.py``).
 
 - ``top1`` (``top1.py``, classification): top-1 of the INT8 emulation against FP32 on per-class held-out
-  folders;
+  folders (and top-5 beside it with 100 classes or more);
 - ``outputs`` (``outputs.py``, detectors and other heads): the INT8 emulation against FP32 on every network
-  output.
+  output, or on each part of it ``evaluation.parts`` names;
+- a task metric (``task.py``): ``"detection"`` (``detection.py``, YOLO-style heads: detections matched, F1, mAP
+  against labels) or the user's own ``"module:callable"``, gated on the numbers it returns.
 """
 from __future__ import annotations
 
 from .outputs import Outputs
 from .protocol import Metric
+from .task import Task
 from .top1 import Top1
 
-METRICS: dict[str, Metric] = {m.name: m for m in (Top1(), Outputs())}
+METRICS: dict[str, Metric] = {m.name: m for m in (Top1(), Outputs(), Task())}
 
 
 def metric(which) -> Metric:
-    """The metric named ``which``, or that of an accuracy report (reports written before the metric was
-    recorded are top-1)."""
-    return METRICS[which if isinstance(which, str) else which.get("metric", "top1")]
+    """The metric of ``evaluation.metric`` (a task metric for ``"detection"`` or ``"module:callable"``), or that
+    of an accuracy report (reports written before the metric was recorded are top-1)."""
+    name = which if isinstance(which, str) else which.get("metric", "top1")
+    return METRICS.get(name) or METRICS["task"]

@@ -30,12 +30,14 @@ class Metric(Protocol):
     summary_keys: tuple[str, ...]   # the report's fields the build summary (latest.json) carries
     step_keys: tuple[str, ...]      # the check's fields each fallback step records
 
-    def evaluate(self, ev, limits, graph, folded, qparams, aipp_params: dict) -> dict:
+    def evaluate(self, ev, limits, graph, folded, qparams, aipp_params: dict, names: dict | None = None) -> dict:
         """The report on the held-out set ``ev`` (``runs.HeldOut``) against ``limits`` (the [evaluation]
-        settings), at least ``images`` and ``passed``."""
+        settings), at least ``images`` and ``passed``; ``names``: the model file's names of the graph's outputs
+        (``runs.output_names``), which the report, ``evaluation.parts`` and task metrics use."""
 
-    def checker(self, ev, limits, graph, folded, aipp_params: dict) -> Callable:
-        """``check(qparams) -> report`` for the automatic fallback (what does not change computed once)."""
+    def checker(self, ev, limits, graph, folded, aipp_params: dict, names: dict | None = None) -> Callable:
+        """``check(qparams) -> report`` for the automatic fallback (what does not change computed once; a
+        setting that does not fit the network fails here, before any run)."""
 
     def focus(self, report: dict) -> list[str] | None: ...
     def verdict(self, report: dict) -> str: ...

@@ -8,7 +8,7 @@ gives the same numbers bit for bit.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +19,7 @@ from ..engine.aipp import aipp_batch
 from ..engine.int8_emulator import Emulator
 from ..engine.runner import float_runner
 from ..errors import DataError
+from ..io.digest import file_sha256
 from ..progress import progress
 
 
@@ -86,47 +87,128 @@ def _int8_shard(shared, paths) -> np.ndarray:
     return _stack(out, len(paths))
 
 
-def _sharded(shard_fn, shared, ev: HeldOut) -> np.ndarray:
-    """``shard_fn`` over contiguous runs of whole evaluation batches, where ``ev.engine`` says, in order."""
+def sharded_parts(shard_fn, shared, ev: HeldOut) -> list:
+    """``shard_fn(shared, paths)`` over contiguous runs of whole evaluation batches, where ``ev.engine`` says: the
+    shards' results in order."""
     pieces = shard.split(len(ev.paths), ev.engine.workers if ev.engine else 1, ev.batch_size)
-    parts = shard.run(shard_fn, shared, [ev.paths[r.start:r.stop] for r in pieces], ev.engine)
-    return np.concatenate(parts)
+    return shard.run(shard_fn, shared, [ev.paths[r.start:r.stop] for r in pieces], ev.engine)
+
+
+def sharded(shard_fn, shared, ev: HeldOut) -> np.ndarray:
+    """``sharded_parts``, the shards' arrays concatenated."""
+    return np.concatenate(sharded_parts(shard_fn, shared, ev))
 
 
 def fp32_logits(ev: HeldOut, graph) -> np.ndarray:
     """The FP32 first output of each held-out image (images x values): the graph IR on the training
     preprocessing."""
-    return _sharded(_fp32_shard, (ev, graph), ev)
+    return sharded(_fp32_shard, (ev, graph), ev)
 
 
 def int8_logits(ev: HeldOut, deploy, aipp_params: dict) -> np.ndarray:
     """The INT8 emulation's first output of each held-out image, each fed as the device gets it (through
     AIPP); ``deploy``: the deploy IR (``quantization.deploy.quantized_graph``)."""
-    return _sharded(_int8_shard, (ev, deploy, aipp_params), ev)
+    return sharded(_int8_shard, (ev, deploy, aipp_params), ev)
+
+
+def output_names(graph, names: dict | None = None) -> list[str]:
+    """The network's outputs as the user knows them: ``names`` maps the graph IR's output names to the model
+    file's (an ONNX file's declared outputs); the IR's own names where it has none."""
+    return [(names or {}).get(o, o) for o in graph.outputs]
+
+
+def both_outputs(ev: HeldOut, graph, deploy, aipp_params: dict, paths, names: dict | None = None,
+                 label: str = "gate: FP32 and INT8"):
+    """Per evaluation batch of ``paths``: (its paths, uint8 images, FP32 outputs, INT8 outputs), each output dict
+    keyed by the network's output names (``output_names``); FP32 and INT8 run side by side, so that only one
+    batch of both is ever held."""
+    runner, emulator = float_runner(graph), Emulator(deploy)
+    shown = output_names(graph, names)
+    with progress(len(paths), label) as bar:
+        for s in range(0, len(paths), ev.batch_size):
+            batch = paths[s:s + ev.batch_size]
+            images = load_images(batch, *ev.shape)
+            fp = runner.run(preprocess(images, *ev.normalization))
+            q = emulator.outputs(aipp_batch(aipp_params, images, ev.frame_order))
+            yield batch, images, {k: fp[f] for k, f in zip(shown, graph.outputs)}, {
+                k: q[e] for k, e in zip(shown, emulator.graph.outputs)}
+            bar.update(len(images))
+
+
+def region_sums(fp: dict, q: dict, regions, n: int) -> np.ndarray:
+    """Five statistics of INT8 (``d``) against FP32 (``f``) per image and region (``parts.Region``, default: each
+    output whole) of one batch of ``n`` images: sum f*d, sum f*f, sum d*d, sum (f-d)^2 and max |f-d| (float64,
+    images x regions x 5).  NumPy's own sums, per image: the same numbers however the images are batched."""
+    rows = []
+    for r in regions:
+        f, d = r.take(fp[r.output], n).astype(np.float64), r.take(q[r.output], n).astype(np.float64)
+        rows.append(np.stack([np.sum(f * d, 1), np.sum(f * f, 1), np.sum(d * d, 1), np.sum((f - d) ** 2, 1),
+                              np.abs(f - d).max(1) if f.shape[1] else np.zeros(n)], 1))
+    return np.stack(rows, 1)
+
+
+def whole_outputs(graph, names: dict | None = None) -> list:
+    """Every network output as a whole region (not gated)."""
+    from .parts import Region
+    return [Region(n, n, tuple(graph.shape(o))) for n, o in zip(output_names(graph, names), graph.outputs)]
 
 
 def _outputs_shard(shared, paths) -> np.ndarray:
-    ev, graph, deploy, aipp_params = shared
-    runner, emulator = float_runner(graph), Emulator(deploy)
-    out = []
-    with progress(len(paths), "gate: FP32 and INT8") as bar:
-        for images in ev.batches(paths):
-            fp = runner.run(preprocess(images, *ev.normalization))
-            q = emulator.outputs(aipp_batch(aipp_params, images, ev.frame_order))
-            per_output = []
-            for f_name, q_name in zip(graph.outputs, emulator.graph.outputs):
-                f = fp[f_name].reshape(len(images), -1).astype(np.float64)
-                d = q[q_name].reshape(len(images), -1).astype(np.float64)
-                per_output.append(np.stack([np.sum(f * d, 1), np.sum(f * f, 1), np.sum(d * d, 1),
-                                            np.sum((f - d) ** 2, 1), np.abs(f - d).max(1)], 1))
-            out.append(np.stack(per_output, 1))
-            bar.update(len(images))
-    return np.concatenate(out)
+    ev, graph, deploy, aipp_params, regions, names = shared
+    out = [region_sums(fp, q, regions, len(images))
+           for _, images, fp, q in both_outputs(ev, graph, deploy, aipp_params, paths, names)]
+    return np.concatenate(out) if out else np.zeros((0, len(regions), 5))
 
 
-def output_stats(ev: HeldOut, graph, deploy, aipp_params: dict) -> np.ndarray:
-    """Per held-out image and network output, five statistics of the INT8 emulation (``d``) against FP32
-    (``f``): sum f*d, sum f*f, sum d*d, sum (f-d)^2 and max |f-d| (float64, images x outputs x 5).  FP32 and INT8
-    run batch by batch side by side and only these sums are kept, so memory stays bounded by the batch
-    whatever the heads' size; each image's sums are its own, so any sharding gives the same array."""
-    return _sharded(_outputs_shard, (ev, graph, deploy, aipp_params), ev)
+def output_stats(ev: HeldOut, graph, deploy, aipp_params: dict, regions=None, names: dict | None = None) -> np.ndarray:
+    """Per held-out image and region (``parts.Region``; default: every network output whole), five statistics of
+    the INT8 emulation against FP32 (``region_sums``; images x regions x 5).  FP32 and INT8 run batch by batch
+    side by side and only these sums are kept, so memory stays bounded by the batch whatever the heads' size;
+    each image's sums are its own, so any sharding gives the same array.  ``names``: ``output_names``' map (the
+    regions name the outputs by it)."""
+    regions = whole_outputs(graph, names) if regions is None else regions
+    return sharded(_outputs_shard, (ev, graph, deploy, aipp_params, regions, names), ev)
+
+
+# ---------------------------------------------------------------------------------- tuning and gate images
+def split_held_out(ev: HeldOut, tune_share: float) -> tuple[HeldOut, HeldOut]:
+    """(the images the automatic fallback tunes on, the images the gate judges): disjoint, each class (or
+    group) spread over both in its own order -- of every class's images in order, image k goes to tuning when
+    floor((k + 1) * tune_share) > floor(k * tune_share), so the first image of every class is the gate's and
+    the tuning part holds about ``tune_share`` of each class."""
+    tune, judge = [], []
+    seen: dict[int, int] = {}
+    for i, label in enumerate(ev.labels.tolist()):
+        k = seen.get(label, 0)
+        seen[label] = k + 1
+        (tune if int((k + 1) * tune_share) > int(k * tune_share) else judge).append(i)
+    return _subset(ev, tune), _subset(ev, judge)
+
+
+def _subset(ev: HeldOut, index: list[int]) -> HeldOut:
+    return replace(ev, paths=tuple(ev.paths[i] for i in index), labels=ev.labels[np.asarray(index, int)],
+                   names=tuple(ev.names[i] for i in index))
+
+
+def shared_images(a, b, same_bytes: bool = True) -> list[tuple[Path, Path]]:
+    """The images of ``a`` that are also in ``b`` (image paths), as (path in a, path in b): the same file, and with
+    ``same_bytes`` files of the same bytes too (only files of equal size are hashed)."""
+    ra, rb = {Path(p).resolve(): Path(p) for p in a}, {Path(p).resolve(): Path(p) for p in b}
+    both = [(ra[k], rb[k]) for k in ra.keys() & rb.keys()]
+    if not same_bytes:
+        return sorted(both)
+    by_size: dict[int, list[Path]] = {}
+    for k in rb.keys() - ra.keys():
+        by_size.setdefault(k.stat().st_size, []).append(k)
+    digest: dict[Path, str] = {}
+    for k in ra.keys() - rb.keys():
+        same_size = by_size.get(k.stat().st_size, [])
+        if not same_size:
+            continue
+        for o in same_size:
+            digest.setdefault(o, file_sha256(o))
+        mine = file_sha256(k)
+        match = next((o for o in same_size if digest[o] == mine), None)
+        if match is not None:
+            both.append((ra[k], rb[match]))
+    return sorted(both)

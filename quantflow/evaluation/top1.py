@@ -1,6 +1,7 @@
 """The ``top1`` metric (classification): top-1 of the INT8 emulation against FP32 on per-class held-out folders;
 passes when the drop is within ``evaluation.threshold`` (and no class drops more than
-``evaluation.max_class_drop``)."""
+``evaluation.max_class_drop``).  With ``TOP5_FROM`` classes or more the report holds top-5 beside it (shown,
+not gated)."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,15 +10,23 @@ from ..quantization.deploy import quantized_graph
 from .protocol import Series, in_float
 from .runs import fp32_logits, int8_logits
 
+TOP5_FROM = 100   # classes from which the report shows top-5 too (ImageNet-style heads)
+
 
 def _pct(x: float) -> str:
     return f"{x * 100:.2f}%"
 
 
+def top5(scores: np.ndarray, labels: np.ndarray) -> float:
+    """The share of rows whose label is among their five highest scores (ties: the lower class first)."""
+    best = np.argsort(-scores, axis=1, kind="stable")[:, :5]
+    return float(np.mean(np.any(best == labels[:, None], axis=1))) if len(labels) else 0.0
+
+
 def compare(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, threshold: float,
             max_class_drop: float | None = None) -> dict:
-    """Top-1 of both, overall and per class; passes when the overall drop is within ``threshold`` and, when
-    ``max_class_drop`` is given, no class drops more than that."""
+    """Top-1 of both, overall and per class (and top-5 with ``TOP5_FROM`` classes or more); passes when the
+    overall drop is within ``threshold`` and, when ``max_class_drop`` is given, no class drops more than that."""
     fp_pred, q_pred = fp.argmax(1), q.argmax(1)
     fp_acc = float((fp_pred == labels).mean())
     q_acc = float((q_pred == labels).mean())
@@ -30,6 +39,7 @@ def compare(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, threshold: float,
     scale = np.abs(fp).max() if fp.size else 1.0
     class_failures = [] if max_class_drop is None else [
         c for c, v in per_class.items() if v["fp32_top1"] - v["int8_top1"] > max_class_drop + 1e-12]
+    five = {"fp32_top5": top5(fp, labels), "int8_top5": top5(q, labels)} if fp.shape[1] >= TOP5_FROM else {}
     return {
         "images": int(len(labels)),
         "fp32_top1": fp_acc,
@@ -42,6 +52,7 @@ def compare(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, threshold: float,
         "top1_agreement": float((fp_pred == q_pred).mean()),
         "max_abs_logit_diff": float(np.abs(fp - q).max()),
         "relative_logit_error": float(np.abs(fp - q).mean() / max(scale, 1e-12)),
+        **five,
         "per_class": per_class,
     }
 
@@ -52,10 +63,10 @@ class Top1:
     summary_keys = ("fp32_top1", "int8_top1", "drop", "threshold")  # the build summary's (latest.json)
     step_keys = ("int8_top1", "drop")                                 # each fallback step's
 
-    def evaluate(self, ev, limits, graph, folded, qparams, aipp_params: dict) -> dict:
+    def evaluate(self, ev, limits, graph, folded, qparams, aipp_params: dict, names: dict | None = None) -> dict:
         return self.checker(ev, limits, graph, folded, aipp_params)(qparams)
 
-    def checker(self, ev, limits, graph, folded, aipp_params: dict):
+    def checker(self, ev, limits, graph, folded, aipp_params: dict, names: dict | None = None):
         """``check(qparams) -> report`` for the automatic fallback: the FP32 logits computed once."""
         fp = fp32_logits(ev, graph)
         return lambda qparams: compare(fp, int8_logits(ev, quantized_graph(folded, qparams), aipp_params), ev.labels,
@@ -84,8 +95,11 @@ class Top1:
             f"  {'INT8':<8} {r['int8_top1'] * 100:>7.2f}%",
             f"  drop {r['drop'] * 100:+.2f} points (allowed {r['threshold'] * 100:.2f}); "
             f"top-1 agreement {r['top1_agreement'] * 100:.2f}%",
-            f"  {'class':<8} {'images':>6} {'FP32':>8} {'INT8':>8}",
         ]
+        if "fp32_top5" in r:
+            lines.append(f"  top-5: FP32 {r['fp32_top5'] * 100:.2f}%, INT8 {r['int8_top5'] * 100:.2f}% "
+                         f"(drop {(r['fp32_top5'] - r['int8_top5']) * 100:+.2f} points; shown, not gated)")
+        lines.append(f"  {'class':<8} {'images':>6} {'FP32':>8} {'INT8':>8}")
         for c, v in r["per_class"].items():
             lines.append(f"  {c:<8} {v['images']:>6} {v['fp32_top1'] * 100:>7.2f}% {v['int8_top1'] * 100:>7.2f}%")
         for c in r.get("class_failures", []):
@@ -95,8 +109,9 @@ class Top1:
         return lines
 
     def verdict(self, r: dict) -> str:
+        five = (f" (top-5 FP32 {r['fp32_top5']:.4f}, INT8 {r['int8_top5']:.4f})" if "fp32_top5" in r else "")
         return (f"FP32 top-1 {r['fp32_top1']:.4f}, INT8 top-1 {r['int8_top1']:.4f}, drop {r['drop']:.4f}, "
-                f"threshold {r['threshold']:g}")
+                f"threshold {r['threshold']:g}{five}")
 
     def failure(self, r: dict) -> str | None:
         if r.get("class_failures"):
@@ -108,9 +123,10 @@ class Top1:
         return None
 
     def summary_rows(self, r: dict) -> list[list]:
+        five = [["FP32 top-5", _pct(r["fp32_top5"])], ["INT8 top-5", _pct(r["int8_top5"])]] if "fp32_top5" in r else []
         return [["FP32 top-1", _pct(r["fp32_top1"])], ["INT8 top-1", _pct(r["int8_top1"])],
                 ["drop (points)", f"{r['drop'] * 100:+.2f}"], ["allowed drop (points)", f"{r['threshold'] * 100:.2f}"],
-                ["top-1 agreement", _pct(r["top1_agreement"])]]
+                ["top-1 agreement", _pct(r["top1_agreement"])]] + five
 
     def details(self, r: dict) -> tuple[str, str, list[str], list[list]]:
         """(section id, title, header, rows) of the HTML report's second section."""

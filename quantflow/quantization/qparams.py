@@ -11,6 +11,7 @@ names the op and why it stays a float16 op in the emulation and both deploy grap
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,41 @@ from ..errors import QuantflowError
 from ..io.atomic import save_npz, write_json
 
 QPARAMS_JSON, QPARAMS_NPZ = "qparams.json", "qparams.npz"
+
+
+_CELL = re.compile(r"^(.+?)-[A-Z][A-Za-z0-9_]*$")   # a MindSpore scope step "<attribute>-<CellClass>"
+_OP_INDEX = re.compile(r"-op\d+$")                 # the op's index in its cell: "Conv2D-op0"
+
+
+def short_names(scopes: list[str]) -> dict[str, str]:
+    """A short name for each layer scope, unique among ``scopes``, that keeps the block indices: the cell path as
+    PyTorch names modules (MindSpore's "features-SequentialCell/1-InvertedResidual/block-SequentialCell/0-..."
+    -> "features.1.block.0...", ONNX's "/model.2/cv1/conv/Conv" -> "model.2.cv1.conv"), without the steps every
+    layer shares, and the op only where the path alone is not unique (then with its index, or in full)."""
+    scopes = list(dict.fromkeys(scopes))
+    split = [[p for p in s.split("/") if p] or [s] for s in scopes]
+    paths = [[(_CELL.match(p).group(1) if _CELL.match(p) else p) for p in parts[:-1]] for parts in split]
+    ops = [parts[-1] for parts in split]
+    common = 0
+    while (len(scopes) > 1 and all(len(p) > common + 1 for p in paths)
+           and len({p[common] for p in paths}) == 1):
+        common += 1
+    tails = [p[common:] for p in paths]
+    for style in (lambda t, op: ".".join(t) or op,
+                  lambda t, op: ".".join(t + [_OP_INDEX.sub("", op)]),
+                  lambda t, op: ".".join(t + [op])):
+        names = [style(t, op) for t, op in zip(tails, ops)]
+        if len(set(names)) == len(names):
+            return dict(zip(scopes, names))
+    return {s: s for s in scopes}
+
+
+def fit(name: str, width: int) -> str:
+    """``name`` in at most ``width`` characters, cut in the middle (both ends say which layer it is)."""
+    if len(name) <= width:
+        return name
+    head = (width - 1) // 2
+    return name[:head] + "…" + name[len(name) - (width - 1 - head):]
 
 
 @dataclass
@@ -121,13 +157,15 @@ class QuantParams:
         return cls(meta["method"], ops, float16, order)
 
     def table(self) -> str:
-        rows = [f"{'layer':<48} {'op':<7} {'scale_d':>10} {'offset_d':>8} {'range lo':>10} {'range hi':>10} "
-                f"{'scale_w min..max':>22}"]
+        """One line per op: its short name (``short_names``), its parameters, and its full layer scope last."""
+        short = short_names([q.scope for q in self.ops])
+        width = min(40, max([len(n) for n in short.values()] + [5]))
+        rows = [f"{'layer':<{width}} {'op':<7} {'scale_d':>10} {'offset_d':>8} {'range lo':>10} {'range hi':>10} "
+                f"{'scale_w min..max':>22}  full layer name"]
         for q in self.ops:
             lo, hi = q.stats.get("lo", float("nan")), q.stats.get("hi", float("nan"))
-            layer = q.scope.removeprefix("Default/")
-            rows.append(f"{layer[-48:]:<48} {q.op:<7} {q.scale_d:>10.5g} {q.offset_d:>8d} {lo:>10.4f} {hi:>10.4f} "
-                        f"{q.scale_w.min():>10.3g}..{q.scale_w.max():<10.3g}")
+            rows.append(f"{fit(short[q.scope], width):<{width}} {q.op:<7} {q.scale_d:>10.5g} {q.offset_d:>8d} "
+                        f"{lo:>10.4f} {hi:>10.4f} {q.scale_w.min():>10.3g}..{q.scale_w.max():<10.3g}  {q.scope}")
         return "\n".join(rows)
 
     def float16_table(self) -> str:

@@ -37,7 +37,7 @@ from ..engine.int8_emulator import Emulator
 from ..ir import Graph
 from ..progress import progress
 from .deploy import quantized_graph
-from .qparams import QuantParams
+from .qparams import QuantParams, fit, short_names
 
 
 class Agreement:
@@ -120,11 +120,17 @@ class Sensitivity:
         return {"images": self.images, "ranking": self.ranking, "ops": self.rows}
 
     def table(self, top: int | None = None) -> str:
-        lines = [f"  {'rank':>4} {'layer':<48} {'output SQNR dB':>14} {'alone SQNR dB':>13} {'cumulative':>10}"]
-        for i, node in enumerate(self.ranking[:top] if top else self.ranking, 1):
+        """The ``top`` most sensitive ops (all by default), each by its short name (``qparams.short_names``,
+        unique among all the ops) with its full layer scope last."""
+        short = short_names([r["scope"] for r in self.rows])
+        ranked = self.ranking[:top] if top else self.ranking
+        width = min(40, max([len(short[self.row(n)["scope"]]) for n in ranked] + [5]))
+        lines = [f"  {'rank':>4} {'layer':<{width}} {'output SQNR dB':>14} {'alone SQNR dB':>13} {'cumulative':>10}"
+                 f"  full layer name"]
+        for i, node in enumerate(ranked, 1):
             r = self.row(node)
-            lines.append(f"  {i:>4} {r['scope'][-48:]:<48} {r['output']['sqnr_db']:>14.1f} "
-                         f"{r['alone']['sqnr_db']:>13.1f} {r['cumulative']['sqnr_db']:>10.1f}")
+            lines.append(f"  {i:>4} {fit(short[r['scope']], width):<{width}} {r['output']['sqnr_db']:>14.1f} "
+                         f"{r['alone']['sqnr_db']:>13.1f} {r['cumulative']['sqnr_db']:>10.1f}  {r['scope']}")
         return "\n".join(lines)
 
 

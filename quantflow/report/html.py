@@ -1,8 +1,11 @@
 """The build report as one self-contained HTML file (plots embedded as base64 PNG).
 
-Sections (each an element with the id given): ``verdict``, ``per-class`` (top-1; ``per-output`` for the outputs
-metric, ``quantflow.evaluation``), ``sensitivity``,
-``histograms`` (the worst layers' calibration histograms with the chosen clip), ``fallback``.
+Sections (each an element with the id given): ``verdict`` (with the fallback's tuning figure beside the gate's
+when the automatic fallback ran), ``per-class`` (top-1; ``per-output`` for the outputs metric and the task
+metrics, ``quantflow.evaluation``), ``sensitivity``, ``histograms`` (the worst layers' calibration histograms
+with the chosen clip), ``fallback``.  Layers are called by their short names (``qparams.short_names``: unique,
+the block indices kept) in the charts and tables, with the full layer scope beside them in the tables and as
+the tooltip.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from pathlib import Path
 
 from ..evaluation.metrics import metric
 from ..io.atomic import write_text
+from ..quantization.qparams import short_names
 from . import plots
 
 WORST_LAYERS = 5
@@ -21,10 +25,27 @@ def _img(png: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
-def _table(head: list[str], rows: list[list]) -> str:
-    th = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
-    trs = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{th}</tr>{trs}</table>"
+def _cell(c, tag: str = "td") -> str:
+    """A table cell; a (text, tooltip) pair gets the tooltip as its title."""
+    if isinstance(c, tuple):
+        return f'<{tag} title="{html.escape(str(c[1]))}">{html.escape(str(c[0]))}</{tag}>'
+    return f"<{tag}>{html.escape(str(c))}</{tag}>"
+
+
+def _table(head: list[str], rows: list[list], cls: str = "") -> str:
+    th = "".join(_cell(h, "th") for h in head)
+    trs = "".join("<tr>" + "".join(_cell(c) for c in r) + "</tr>" for r in rows)
+    return f"<table{f' class={chr(34)}{cls}{chr(34)}' if cls else ''}><tr>{th}</tr>{trs}</table>"
+
+
+def _verdict_rows(m, gate: dict) -> list[list]:
+    rows = [["held-out images", gate["images"]]] + m.summary_rows(gate)
+    t = gate.get("tuning")
+    if t:
+        rows = [["held-out images", f"{gate['images']} (the gate's: none tuned on)"]] + m.summary_rows(gate) + [
+            ["fallback tuned on", f"{t['images']} images: {t['source']}"],
+            ["fallback's figure on them", f"{t['figure']} ({'passed' if t['passed'] else 'failed'})"]]
+    return rows + [["INT8 ops", gate.get("quantized_ops", "?")], ["range method", gate.get("calibration_method", "?")]]
 
 
 def render(title: str, gate: dict, sensitivity: dict, histograms: dict, fallback: dict | None) -> str:
@@ -35,34 +56,40 @@ def render(title: str, gate: dict, sensitivity: dict, histograms: dict, fallback
     verdict = "PASS" if gate["passed"] else "FAIL"
     parts = [f"<h1>{html.escape(title)}</h1>",
              f'<section id="verdict"><h2>Verdict: <span class="{verdict.lower()}">{verdict}</span></h2>',
-             _table(["", "value"], [["held-out images", gate["images"]]] + m.summary_rows(gate) + [
-                 ["INT8 ops", gate.get("quantized_ops", "?")], ["range method", gate.get("calibration_method", "?")]]),
-             "</section>"]
+             _table(["", "value"], _verdict_rows(m, gate))]
+    failure = m.failure(gate)
+    if failure:
+        parts.append(f'<p class="fail">{html.escape(failure)}</p>')
+    parts.append("</section>")
     section, heading, head, rows = m.details(gate)
     parts += [f'<section id="{section}"><h2>{heading}</h2>', _table(head, rows), "</section>"]
     rows = {r["node"]: r for r in sensitivity["ops"]}
     ranked = [rows[n] for n in sensitivity["ranking"]]
+    short = short_names([r["scope"] for r in sensitivity["ops"]] + [h["scope"] for h in histograms.values()])
     parts += [f'<section id="sensitivity"><h2>Per-layer sensitivity ({sensitivity["images"]} calibration images)</h2>',
               "<p>SQNR and cosine similarity against FP32: the network output and the layer's own output with "
               "that layer alone in INT8, and the layer's output with every layer in INT8 (cumulative). Most "
               "sensitive first.</p>"]
     if ranked:
-        parts.append(_img(plots.sensitivity_chart([r["scope"] for r in ranked],
+        parts.append(_img(plots.sensitivity_chart([short[r["scope"]] for r in ranked],
                                                   [r["output"]["sqnr_db"] for r in ranked],
                                                   [r["alone"]["sqnr_db"] for r in ranked]), "per-layer sensitivity"))
     parts += [_table(["rank", "layer", "op", "range", "output SQNR dB", "output cosine", "alone SQNR dB",
-                      "cumulative SQNR dB"],
-                     [[i, r["scope"], r["op"], r.get("method", ""), f"{r['output']['sqnr_db']:.1f}",
-                       f"{r['output']['cosine']:.5f}", f"{r['alone']['sqnr_db']:.1f}",
-                       f"{r['cumulative']['sqnr_db']:.1f}"] for i, r in enumerate(ranked, 1)]),
+                      "cumulative SQNR dB", "full layer name"],
+                     [[i, (short[r["scope"]], r["scope"]), r["op"], r.get("method", ""),
+                       f"{r['output']['sqnr_db']:.1f}", f"{r['output']['cosine']:.5f}", f"{r['alone']['sqnr_db']:.1f}",
+                       f"{r['cumulative']['sqnr_db']:.1f}", r["scope"]] for i, r in enumerate(ranked, 1)],
+                     "layers"),
               "</section>"]
-    parts.append(f'<section id="histograms"><h2>Activation ranges of the {WORST_LAYERS} most sensitive layers</h2>')
     shown = [n for n in sensitivity["ranking"] if n in histograms][:WORST_LAYERS]
+    heading = (f"Activation ranges of the {len(shown)} most sensitive layers" if len(shown) > 1
+               else "Activation range of the most sensitive layer" if shown else "Activation ranges")
+    parts.append(f'<section id="histograms"><h2>{heading}</h2>')
     if not shown:
         parts.append("<p>No histograms: the minmax method collects none (its clip is the observed range).</p>")
     for n in shown:
         h = histograms[n]
-        parts.append(_img(plots.activation_histogram(f"input of ...{h['scope'][-60:]}", h["hist"], h["lo"], h["hi"],
+        parts.append(_img(plots.activation_histogram(f"input of {short[h['scope']]}", h["hist"], h["lo"], h["hi"],
                                                      h["clip"]), f"histogram {h['scope']}"))
     parts.append("</section>")
     parts.append('<section id="fallback"><h2>Float16 fallback</h2>')
@@ -70,13 +97,18 @@ def render(title: str, gate: dict, sensitivity: dict, histograms: dict, fallback
     if not steps or (fallback or {}).get("mode") == "off":
         parts.append("<p>quantization.fallback is off: every quantizable layer not in quantization.skip is INT8.</p>")
     else:
+        t = (fallback or {}).get("tuning")
+        if t:
+            parts.append(f"<p>Tuned on {t['images']} images ({html.escape(t['source'])}); the gate judged "
+                         f"{gate['images']} others.</p>")
         parts.append(_img(plots.step_chart([s["int8_ops"] for s in steps], m.steps_series(steps, gate)),
                           "fallback steps"))
         parts.append(_table(*m.steps_table(steps)))
     parts.append("</section>")
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;"
              "margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px}.pass{color:green}"
-             ".fail{color:#b00}img{max-width:100%}")
+             ".fail{color:#b00}img{max-width:100%}table.layers td:last-child{color:#777;font-size:10px;"
+             "word-break:break-all}")
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
 

@@ -23,25 +23,29 @@ def _png(plt, fig) -> bytes:
 
 def sensitivity_chart(labels: list[str], output_db: list[float], alone_db: list[float]) -> bytes:
     """Horizontal bars: per-layer SQNR (dB) of the network output and of the layer's own output with
-    that layer alone in INT8; most sensitive at the top."""
+    that layer alone in INT8; most sensitive at the top; ``labels``: the layers' (short) names, as given."""
     plt, (fig, ax) = _figure(9, max(2.5, 0.32 * len(labels) + 1.2))
     y = np.arange(len(labels))
     cap = lambda v: [min(x, 99.0) for x in v]  # noqa: E731  (an exact layer has infinite SQNR)
     ax.barh(y - 0.2, cap(output_db), height=0.4, label="network output, this layer alone INT8")
     ax.barh(y + 0.2, cap(alone_db), height=0.4, label="this layer's output, alone INT8")
-    ax.set_yticks(y, [s[-45:] for s in labels], fontsize=7)
-    ax.invert_yaxis()
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.set_ylim(len(labels) - 0.5, -0.5)   # most sensitive at the top, no empty rows above or below
     ax.set_xlabel("SQNR (dB), lower = more sensitive")
-    ax.legend(fontsize=7, loc="lower right")
+    # above the plot, so that it covers no bar
+    ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False)
     return _png(plt, fig)
 
 
 def activation_histogram(title: str, hist: np.ndarray, lo: float, hi: float, clip: tuple[float, float]) -> bytes:
-    """The calibration histogram of an op's input over [lo, hi] (log counts) with the chosen clip range."""
+    """The calibration histogram of an op's input over [lo, hi] (log counts) with the chosen clip range.  The
+    bars stand on a baseline below one count, so that an empty bin draws nothing and a bin of one count shows."""
     plt, (fig, ax) = _figure(6, 2.6)
     edges = np.linspace(lo, hi, len(hist) + 1)
-    ax.stairs(np.maximum(hist, 0.5), edges, fill=True, alpha=0.6)
+    floor = 0.5
+    ax.stairs(np.maximum(np.asarray(hist, np.float64), floor), edges, fill=True, alpha=0.6, baseline=floor)
     ax.set_yscale("log")
+    ax.set_ylim(bottom=floor)
     for x, name in zip(clip, ("clip min", "clip max")):
         ax.axvline(x, color="red", linestyle="--", linewidth=1)
         ax.text(x, ax.get_ylim()[1], f" {name} {x:.3g}", color="red", fontsize=7, va="top")

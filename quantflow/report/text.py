@@ -5,8 +5,14 @@ from ..evaluation.metrics import metric
 
 
 def format_table(r: dict) -> str:
-    """The report as text: where it was measured, then the metric's own table."""
+    """The report as text: where it was measured (and, after the automatic fallback, on which images it was tuned
+    and its figure there), then the metric's own table."""
     verdict = "PASS" if r["passed"] else "FAIL"
-    head = (f"accuracy gate: {verdict}  ({r['images']} held-out images from {r.get('eval_data', '?')}, "
-            f"calibration method {r.get('calibration_method', '?')}, {r.get('quantized_ops', '?')} INT8 ops)")
-    return "\n".join([head] + metric(r).table(r))
+    head = [f"accuracy gate: {verdict}  ({r['images']} held-out images from {r.get('eval_data', '?')}, "
+            f"calibration method {r.get('calibration_method', '?')}, {r.get('quantized_ops', '?')} INT8 ops)"]
+    t = r.get("tuning")
+    if t:
+        head.append(f"  the fallback tuned on {t['images']} other images ({t['source']}): {t['figure']} "
+                    f"({'passed' if t['passed'] else 'failed'} there); the gate's figures below are on images it "
+                    f"did not see")
+    return "\n".join(head + metric(r).table(r))
