@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from quantflow.backends.atc import precision_note
 from quantflow.engine import shard
 from quantflow.errors import AccuracyGateError, DataError
 from quantflow.io.atomic import write_json, write_text
@@ -44,7 +45,11 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
     report = m.evaluate(ev, cfg.evaluation, graph, fold_for_quantization(graph), qp, read_params(aipp_dir),
                         output_names(cfg, graph))
     report.update(metric=m.name, eval_data=str(cfg.evaluation.data_dir), calibration_method=qp.method,
-                  quantized_ops=len(qp.ops))
+                  quantized_ops=len(qp.ops),
+                  float16_layers=[{"layer": f.scope, "op": f.op, "reason": f.reason} for f in qp.float16])
+    note = precision_note(cfg.build.precision_mode)
+    if note:
+        report["precision_note"] = note
     if tuning:
         report.update(tuning=tuning, judged=list(ev.names))
     write_json(kdir / REPORT_JSON, report, sort_keys=False)
@@ -108,7 +113,8 @@ def _summary(b) -> dict:
     d = b.dir("gate")
     report = json.loads((d / REPORT_JSON).read_text())
     m = metric(report)
-    return {"gate": {"passed": report["passed"], "metric": m.name, "verdict": m.verdict(report),
+    verdict = m.verdict(report) + (f"; {report['precision_note']}" if report.get("precision_note") else "")
+    return {"gate": {"passed": report["passed"], "metric": m.name, "verdict": verdict,
                      **{k: report[k] for k in m.summary_keys if k in report}},
             "accuracy_report": str(d / REPORT_TXT), "report": str(d / REPORT_HTML)}
 

@@ -20,7 +20,7 @@ from quantflow.report import plots
 from quantflow.report.html import WORST_LAYERS, render, write
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-SECTIONS = ["verdict", "per-class", "sensitivity", "histograms", "fallback"]
+SECTIONS = ["verdict", "per-class", "sensitivity", "histograms", "device", "fallback"]
 
 
 class Report(HTMLParser):
@@ -514,3 +514,15 @@ def test_the_report_as_a_person_sees_it_in_a_browser(tmp_path):
     rows = Report(page.read_text()).sections["sensitivity"]["rows"][1:]
     assert len({r[1] for r in rows}) == len(rows) == 18
     print(f"report screenshot: {tmp_path / 'report.png'}")
+
+
+def test_the_report_says_which_layers_run_in_float16_and_what_precision_was_modelled(tmp_path):
+    gate = {**compare(np.eye(3), np.eye(3), np.arange(3), threshold=0.01), "metric": "top1", "quantized_ops": 2,
+            "float16_layers": [{"layer": "Default/stem/Conv2D-op0", "op": "Conv2D",
+                                "reason": "3 input channels <= 16: CANN's quant pass rolls such convolutions back"}],
+            "precision_note": "atc --precision_mode=allow_fp32_to_fp16 may keep float ops in float32"}
+    rep = Report(render("t", gate, {"images": 0, "ranking": [], "ops": []}, {}, None))
+    device = rep.text("device")
+    assert "2 layers run in INT8; 1 quantizable layer(s) in float16" in device
+    assert "Default/stem/Conv2D-op0" in device and "rolls such convolutions back" in device
+    assert "allow_fp32_to_fp16" in device

@@ -203,7 +203,7 @@ def test_a_user_metric_failing_is_a_clear_message(user_module, tmp_path):
         TaskMetric(f"{user_module}:short", {}).record({}, {}, _batch())
     with pytest.raises(ConfigError, match=r"class .*NoSummary lacks method\(s\) summarize"):
         TaskMetric(f"{user_module}:NoSummary", {})
-    with pytest.raises(ConfigError, match=r"evaluation.metric: cannot import module 'nowhere_at_all'"):
+    with pytest.raises(ConfigError, match=r"evaluation.metric = 'nowhere_at_all:f': cannot import module 'nowhere_at_all'"):
         TaskMetric("nowhere_at_all:f", {})
     with pytest.raises(ConfigError, match=r"evaluation.options.nms: unknown key"):
         TaskMetric("detection", {"nms": 0.5})

@@ -56,7 +56,8 @@ class TaskMetric:
 
     def __init__(self, metric: str, options: dict):
         self.metric, self.entry, self.options = metric, entry_of(metric), dict(options)
-        obj = load_entry(self.entry, "evaluation.metric")
+        # the callable itself, not load_entry's wrapper: _call says where its errors happened (file, line, batch)
+        obj = load_entry(self.entry, "evaluation.metric").__wrapped__
         self.defaults = {"min": {}, "max": {}}
         self.per_image = not isinstance(obj, type)    # the function form: per-image values, averaged
         if not self.per_image:

@@ -92,6 +92,13 @@ def render(title: str, gate: dict, sensitivity: dict, histograms: dict, fallback
         parts.append(_img(plots.activation_histogram(f"input of {short[h['scope']]}", h["hist"], h["lo"], h["hi"],
                                                      h["clip"]), f"histogram {h['scope']}"))
     parts.append("</section>")
+    layers = gate.get("float16_layers", [])
+    parts.append('<section id="device"><h2>Precision on the device</h2>')
+    note = f"<p>{html.escape(gate['precision_note'])}.</p>" if gate.get("precision_note") else ""
+    parts.append(f"<p>{gate.get('quantized_ops', '?')} layers run in INT8; {len(layers)} quantizable layer(s) in "
+                 f"float16:</p>{note}" + (_table(["layer", "op", "why"], [[x["layer"], x["op"], x["reason"]]
+                                                                         for x in layers]) if layers else ""))
+    parts.append("</section>")
     parts.append('<section id="fallback"><h2>Float16 fallback</h2>')
     steps = (fallback or {}).get("steps", [])
     if not steps or (fallback or {}).get("mode") == "off":

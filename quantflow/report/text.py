@@ -15,4 +15,9 @@ def format_table(r: dict) -> str:
         head.append(f"  the fallback tuned on {t['images']} other images ({t['source']}): {t['figure']} "
                     f"({'passed' if t['passed'] else 'failed'} there); the gate's figures below are on images it "
                     f"did not see")
+    if r.get("precision_note"):
+        head.append(f"  note: {r['precision_note']}")
+    if r.get("float16_layers"):
+        head.append(f"  {len(r['float16_layers'])} quantizable layer(s) run in float16 on the device (the report and "
+                    f"qparams.json say why)")
     return "\n".join(head + metric(r).table(r))
