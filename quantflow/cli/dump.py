@@ -50,6 +50,7 @@ def emulated_tensors(graph, names: list[str], x16: np.ndarray) -> dict[str, np.n
     """The emulation's values of the IR tensors ``names`` for the float16 input ``x16``, each in the IR's type
     (the float16 lowering carries an int8 tensor as uint8 ``q + 128``: ``quantflow.ops.quant``)."""
     from ..engine.lowering import lower
+    from ..engine.int8_emulator import keeps_every_step
     from ..engine.runner import Runner
     from ..ops.quant import ZERO_SHIFT
 
@@ -64,8 +65,10 @@ def emulated_tensors(graph, names: list[str], x16: np.ndarray) -> dict[str, np.n
     for out in model.graph.output:
         if out.name in types:
             out.type.tensor_type.elem_type = types[out.name]
-    runner = Runner(model, model.graph.input[0].name, graph.tensors[graph.inputs[0]].shape[0], optimize=False,
-                    input_dtype=np.float16)
+    # run as the gate's emulation runs (onnxruntime's optimizations, vetted): the same float kernels, so that a
+    # float16 convolution's float32 sums come out as there
+    runner = Runner(model, model.graph.input[0].name, graph.tensors[graph.inputs[0]].shape[0],
+                    keeps=keeps_every_step(model), input_dtype=np.float16)
     values = runner.run(x16, names)
     out = {}
     for name, v in values.items():

@@ -26,6 +26,13 @@ def _step_counts(model: onnx.ModelProto) -> Counter:
     return Counter(n.op_type for n in model.graph.node if n.op_type in ARITHMETIC_STEPS and n.domain in ("", "ai.onnx"))
 
 
+def keeps_every_step(model: onnx.ModelProto):
+    """The vetting of onnxruntime's optimizations of an emulation ``model`` (``Runner``'s ``keeps``): the
+    optimized graph must keep every rounding and integer step."""
+    steps = _step_counts(model)
+    return lambda optimized: _step_counts(optimized) == steps
+
+
 class Emulator(Runner):
     """Runs the emulation of the deploy IR ``graph`` on float16-valued inputs (the AIPP output).  A graph with
     several inputs (e.g. ``Graph.suffix``) takes a dict input name -> float16-valued array.  ``extra_outputs``:
@@ -33,10 +40,9 @@ class Emulator(Runner):
 
     def __init__(self, graph: Graph, extra_outputs=()):
         model = lower(graph, "float16", extra_outputs=extra_outputs)
-        steps = _step_counts(model)
         self.feeds = dict(zip(graph.inputs, (i.name for i in model.graph.input)))
         super().__init__(model, self.feeds[graph.inputs[0]], graph.tensors[graph.inputs[0]].shape[0],
-                         keeps=lambda optimized: _step_counts(optimized) == steps, input_dtype=np.float16)
+                         keeps=keeps_every_step(model), input_dtype=np.float16)
         self.graph = graph
 
     def logits(self, x16) -> np.ndarray:
