@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quantflow.backends.aipp import aipp_values, norm_description, parse, render, verify
+from quantflow.backends.aipp import aipp_values, norm_description, parse, raw_pixels, render, verify
 from quantflow.data.images import preprocess
 from quantflow.engine.aipp import SUPPORTED_FORMATS
 from quantflow.entry import load_entry
@@ -57,8 +57,12 @@ def build_and_verify(cfg, image_paths: list[Path], out_cfg: Path) -> dict:
     else:
         def reference(img):
             return preprocess(img[None], norm.mean, norm.std, norm.scale, norm.channel_order)[0]
+    raw = raw_pixels(norm.std, norm.scale)
     report = verify(params, image_paths[: a.verify_images], channels, a.input_channel_order, reference, a.tolerance,
-                    norm_description(norm, a.input_channel_order), check_plausible=not norm.reference)
+                    norm_description(norm, a.input_channel_order), check_plausible=not norm.reference and not raw)
+    if raw and not norm.reference:
+        less = f" less mean {list(norm.mean)}" if any(norm.mean) else ""
+        report["note"] = f"as declared, the network takes raw pixel values (0..255{less}; std 1, scale \"0-255\")"
     report["source"] = origin
     report["params"] = params
     return report
@@ -70,6 +74,8 @@ def _run(b) -> None:
     write_json(kdir / AIPP_CHECK, report)
     print(f"AIPP config {kdir / AIPP_CFG} verified on {report['images']} calibration images "
           f"(largest |diff| {report['max_abs_diff']:.2e}, tolerance {report['tolerance']})")
+    if "note" in report:
+        print(f"note: {report['note']}")
 
 
 def _key_inputs(b) -> dict:
