@@ -18,6 +18,7 @@ from quantflow.engine.runner import float_runner
 from quantflow.errors import UnsupportedNetworkError
 from quantflow.frontends.mindir import read_mindir
 from quantflow.frontends.onnx_model import read_onnx
+from quantflow.frontends.source import onnxruntime_outputs
 from quantflow.quantization.calibrater import calibrate
 from quantflow.quantization.deploy import quantized_graph
 from quantflow.quantization.passes import fold_for_quantization
@@ -62,8 +63,29 @@ def paddle_style():
     y = n.conv(y, "c3", 32, 16, k=1)
     dcr = n.op("DepthToSpace", [y], "d2s_dcr", blocksize=2, mode="DCR")                   # 4 x 32 x 32
     crd = n.op("DepthToSpace", [y], "d2s_crd", blocksize=2, mode="CRD")
+    # y[:, 0:2] = sigmoid(y[:, 0:2]) as torch exports it (ScatterND), and a Resize with ONNX's default attributes
+    part = n.op("Sigmoid", [n.op("Slice", [dcr, n.const([0]), n.const([2]), n.const([1])])])
+    where = np.array([[[b, c] for c in (0, 1)] for b in (0, 1)], np.int64)
+    dcr = n.op("ScatterND", [dcr, n.init("where", where), part], "scatter")
+    crd = n.op("Resize", [crd, "", n.init("scales", np.array([1, 1, 2, 2], np.float32))], "resize_default")
     return model_of(n, [dcr, crd], (2, 3, 16, 16)), {"HardSigmoid", "Maximum", "Minimum", "PReLU", "Conv2DTranspose",
-                                                      "Split", "SpaceToDepth", "DepthToSpace"}
+                                                      "Split", "SpaceToDepth", "DepthToSpace", "TensorScatterUpdate",
+                                                      "ResizeNearestNeighbor"}
+
+
+def legacy_style():
+    """An opset-9 export: Upsample (nearest and linear) and InstanceNormalization (style-transfer networks)."""
+    n = Net(28)
+    x = n.op("Relu", [n.conv("input", "c1", 3, 8, stride=2, bias=True)])                    # 8 x 8 x 8
+    x = n.op("InstanceNormalization", [x, n.init("in.scale", n.rng.uniform(.5, 1.5, 8).astype(np.float32)),
+                                       n.init("in.bias", n.rng.normal(0, .1, 8).astype(np.float32))], "inorm",
+             epsilon=1e-5)
+    scales = n.init("up.scales", np.array([1, 1, 2, 2], np.float32))
+    a = n.op("Upsample", [x, scales], "up_nearest", mode="nearest")                      # 8 x 16 x 16
+    b = n.op("Upsample", [x, scales], "up_linear", mode="linear")
+    y = n.conv(n.op("Concat", [a, b], axis=1), "c2", 16, 4, bias=True)
+    return model_of(n, [y], (2, 3, 16, 16), opset=9), {"ResizeNearestNeighbor", "ResizeBilinear", "ReduceMean",
+                                                      "Sqrt", "Div"}
 
 
 def transformer_style():
@@ -146,13 +168,15 @@ def crnn_style():
 
 
 GRAPHS = {"paddle_style": (paddle_style, (2, 3, 16, 16)), "transformer_style": (transformer_style, (2, 3, 16, 16)),
-          "crnn_style": (crnn_style, (1, 1, 8, 24))}
+          "crnn_style": (crnn_style, (1, 1, 8, 24)), "legacy_style": (legacy_style, (2, 3, 16, 16))}
 # the ops a deploy MindIR holds as such (HardSigmoid comes back as Muls, Add, Maximum, Minimum, an unequal Split as
 # slices, a CRD DepthToSpace as Reshape / Transpose)
-IN_MINDIR = {"paddle_style": {"Conv2DTranspose", "SpaceToDepth", "DepthToSpace", "PReLU", "Maximum", "Minimum"},
+IN_MINDIR = {"paddle_style": {"Conv2DTranspose", "SpaceToDepth", "DepthToSpace", "PReLU", "Maximum", "Minimum",
+                              "TensorScatterUpdate"},
              "transformer_style": {"Pow", "Sqrt", "Erf", "Tanh", "Softplus", "Exp", "Log", "Neg", "Abs", "Reciprocal",
                                    "Gather", "ReduceSum", "ReduceMax", "BroadcastTo", "Tile"},
-             "crnn_style": {"DynamicRNN", "DynamicGRUV2", "Stack"}}
+             "crnn_style": {"DynamicRNN", "DynamicGRUV2", "Stack"},
+             "legacy_style": {"ResizeNearestNeighbor", "ResizeBilinearV2", "ReduceMean", "Sqrt"}}
 
 
 @pytest.fixture(scope="module", params=list(GRAPHS))
@@ -225,6 +249,22 @@ def test_every_shape_is_known_at_the_fixed_input_shape_whatever_the_file_declare
     assert all(all(d > 0 for d in graph.shape(t)) for node in graph.nodes for t in node.outputs)
     with pytest.raises(UnsupportedNetworkError, match=r"input 'input' has a dynamic shape \[batch, 1, 8, width\]"):
         read_onnx(model)
+
+
+def test_a_sequence_output_runs_image_by_image_as_the_graph_stage_checks_it(tmp_path):
+    """(T, batch, classes) has no leading batch axis: at batch 1 the IR's runner and the graph stage's onnxruntime
+    reference both stack whole per-image outputs; a larger batch is refused, naming the output."""
+    model, _ = crnn_style()
+    onnx.save(model, tmp_path / "crnn.onnx")
+    graph = read_onnx(tmp_path / "crnn.onnx", input_shape=(1, 1, 8, 24))
+    x = images((1, 1, 8, 24), 3)
+    want = onnxruntime_outputs(tmp_path / "crnn.onnx", x, 1)
+    got = float_runner(graph).run(x)[graph.outputs[0]]
+    assert want.shape == got.shape == (3 * 12, 1, 12)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    with pytest.raises(UnsupportedNetworkError, match=r"graph output 'logits_out' has shape \[12, 2, 12\] at input "
+                                                      r"batch 2, without the batch as its first axis.*batch.* to 1"):
+        read_onnx(model, input_shape=(2, 1, 8, 24))
 
 
 # ----------------------------------------------------------------------------- what is refused, and how

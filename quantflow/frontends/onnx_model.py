@@ -147,6 +147,12 @@ class _Reader:
             if isinstance(v, Const):
                 raise UnsupportedNetworkError(f"{self.source}: graph output {o.name!r} is a constant; quantflow "
                                               f"needs outputs computed from the input")
+            batch = self.tensors[inputs[0]].shape[0] if inputs and self.tensors[inputs[0]].shape else 1
+            if batch > 1 and self.tensors[v].shape[:1] != (batch,):
+                raise UnsupportedNetworkError(
+                    f"{self.source}: graph output {o.name!r} has shape {list(self.tensors[v].shape)} at input batch "
+                    f"{batch}, without the batch as its first axis (a sequence model's (T, batch, classes)); quantflow "
+                    f"runs such a network image by image: set the batch (model.input_shape[0]) to 1")
             outputs.append(v)
         g = Graph(self.nodes, inputs, outputs, self.initializers, self.tensors, name=self.name)
         g.prune()

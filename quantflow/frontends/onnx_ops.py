@@ -593,9 +593,17 @@ def _resize(ctx: Ctx):
         ctx.fail("Resize with antialias")
     if mode == "nearest":
         nearest = ctx.attr("nearest_mode", "round_prefer_floor")
+        whole = all(out[i] % xs[i] == 0 for i in (2, 3))
+        # at whole upscale factors s these pick source pixel floor(x / s), as asymmetric + floor does: half_pixel
+        # puts x at x/s + (1/s - 1)/2 (rounded: never a tie), tf_half_pixel_for_nn at (x + 0.5)/s (floored)
+        if whole and (coord in ("half_pixel", "pytorch_half_pixel") and nearest in ("round_prefer_floor",
+                                                                                  "round_prefer_ceil")
+                      or coord == "tf_half_pixel_for_nn" and nearest == "floor"):
+            coord, nearest = "asymmetric", "floor"
         if (coord, nearest) not in (("asymmetric", "floor"), ("align_corners", "round_prefer_ceil")):
             ctx.fail(f"nearest Resize with coordinate_transformation_mode {coord!r} and nearest_mode {nearest!r} "
-                     f"(supported: asymmetric + floor, align_corners + round_prefer_ceil)")
+                     f"(supported: asymmetric + floor, align_corners + round_prefer_ceil, and the half-pixel modes "
+                     f"at whole upscale factors)")
         op = "ResizeNearestNeighbor"
     elif mode == "linear":
         if coord == "pytorch_half_pixel" and min(out[2:]) > 1:
@@ -606,6 +614,50 @@ def _resize(ctx: Ctx):
     else:
         ctx.fail(f"Resize mode {mode!r} (nearest and linear are supported)")
     ctx.emit(op, [ctx.x(0)], {"size": list(out), "mode": mode, "coord": coord})
+
+
+def _upsample(ctx: Ctx):
+    """Upsample (opsets 7-9): Resize with asymmetric coordinates (nearest: the floor pixel)."""
+    xs, out = ctx.shape(0), ctx.out_shape()
+    if len(xs) != 4 or tuple(out[:2]) != tuple(xs[:2]):
+        ctx.fail(f"Upsample from {xs} to {out}: only the spatial dims of an NCHW tensor may change")
+    mode = ctx.attr("mode", "nearest")
+    if mode not in ("nearest", "linear", "bilinear"):
+        ctx.fail(f"Upsample mode {mode!r}")
+    nearest = mode == "nearest"
+    ctx.emit("ResizeNearestNeighbor" if nearest else "ResizeBilinear", [ctx.x(0)],
+             {"size": list(out), "mode": "nearest" if nearest else "linear", "coord": "asymmetric"})
+
+
+def _scatter_nd(ctx: Ctx):
+    """ScatterND at constant indices (``y[..., 0:2] = v`` in a PyTorch export: YOLOv5's box decoding)."""
+    if ctx.attr("reduction", "none") != "none":
+        ctx.fail(f"ScatterND with reduction {ctx.attr('reduction')!r}")
+    idx = ctx.need_const(1, "indices").astype(np.int64)
+    ctx.emit("TensorScatterUpdate", [ctx.x(0), ctx.const_input(1, idx, keep_name=False), ctx.x(2)], {})
+
+
+def _instance_norm(ctx: Ctx):
+    """InstanceNormalization written out: (x - mean) / sqrt(var + eps) * scale + B over each image's H x W."""
+    xs = ctx.shape(0)
+    if len(xs) != 4:
+        ctx.fail(f"InstanceNormalization of a rank-{len(xs)} tensor (NCHW only)")
+    full, stat = TensorInfo(tuple(xs), "float32"), TensorInfo(tuple(xs[:2]) + (1, 1), "float32")
+    axes = {"axes": [2, 3], "keepdims": True}
+
+    def step(op, ins, suffix, info=full, attrs=None):
+        return ctx.emit(op, ins, attrs or {}, suffix=suffix, infos=[info], result=None if suffix else 0)[0]
+    eps = ctx.r.claim(f"v{ctx.k}:epsilon")
+    ctx.r.initializers[eps] = np.float32(ctx.attr("epsilon", 1e-5))
+    channel = []
+    for i, what in ((1, "scale"), (2, "B")):
+        v = ctx.need_const(i, what).astype(np.float32).reshape(-1, 1, 1)
+        channel.append(ctx.const_input(i, v, keep_name=False))
+    x = ctx.x(0)
+    d = step("Sub", [x, step("ReduceMean", [x], "mean", stat, axes)], "centred")
+    var = step("ReduceMean", [step("Mul", [d, d], "square")], "var", stat, axes)
+    norm = step("Div", [d, step("Sqrt", [step("Add", [var, eps], "var_eps", stat)], "std", stat)], "normed")
+    step("Add", [step("Mul", [norm, channel[0]], "scaled"), channel[1]], "")
 
 
 def _conv_transpose(ctx: Ctx):
@@ -798,7 +850,8 @@ HANDLERS = {
     "Neg": _unary("Neg"), "Abs": _unary("Abs"), "Reciprocal": _unary("Reciprocal"), "Tanh": _unary("Tanh"),
     "Softplus": _unary("Softplus"), "ConvTranspose": _conv_transpose, "SpaceToDepth": _block("SpaceToDepth"),
     "DepthToSpace": _block("DepthToSpace"), "Gather": _gather, "Expand": _expand, "Tile": _tile,
-    "LSTM": _recurrent("LSTM"), "GRU": _recurrent("GRU"),
+    "LSTM": _recurrent("LSTM"), "GRU": _recurrent("GRU"), "Upsample": _upsample, "ScatterND": _scatter_nd,
+    "InstanceNormalization": _instance_norm,
 }
 
 
