@@ -166,6 +166,9 @@ def _input_shape(a, declared: list | None, images) -> tuple[list[int], str]:
         return list(a.input_shape), " (from --input-shape)"
     if declared is not None and len(declared) != 4:
         raise ConfigError(f"the model's input has shape {declared}; quantflow builds image networks (N, C, H, W)")
+    if declared is not None and declared[1] not in (None, 1, 3) and declared[3] in (1, 3):
+        raise ConfigError(f"the model's input {declared} is channels-last (N, H, W, C); quantflow builds NCHW networks, "
+                          f"the layout of the Ascend deploy graph: export the model with an NCHW input")
     dims = list(declared) if declared is not None else [None, None, None, None]
     dims[0] = dims[0] or 1
     if dims[1] is None:
