@@ -9,23 +9,29 @@ BN folding, calibration, the INT8 scheme, the emulator and the deploy graphs wor
 - an ``Add`` of a constant per-channel vector to a Conv2D / 2-D MatMul output is that op's ``BiasAdd``
   (PyTorch's MatMul + Add, quantflow's own lowering of BiasAdd);
 - ``BatchNormalization`` is ``BatchNorm`` with MindSpore's five outputs (only the first in use);
-- ``Clip`` to [0, 6] is ``ReLU6`` (to [0, inf) ``ReLU``); ``x * Sigmoid(x)`` is ``SiLU``;
-  ``HardSigmoid(1/6, 0.5)`` is ``HSigmoid``; ``GlobalAveragePool`` is ``AdaptiveAvgPool2D``;
-  ``Flatten`` / ``Reshape`` / ``Squeeze`` / ``Unsqueeze`` carry their static output shape, as the
-  IR's shape ops do; ``Slice`` is ``StridedSlice`` over every axis;
+- ``Clip`` to [0, 6] is ``ReLU6`` (to [0, inf) ``ReLU``, other bounds ``Maximum`` / ``Minimum``); ``x * Sigmoid(x)``
+  is ``SiLU``; ``HardSigmoid(1/6, 0.5)`` is ``HSigmoid``, other slopes ``HardSigmoid``; ``LeakyRelu`` is
+  ``Maximum(x * a, x)`` as MindSpore's nn.LeakyReLU; ``GlobalAveragePool`` is ``AdaptiveAvgPool2D``;
+  ``Flatten`` / ``Reshape`` / ``Squeeze`` / ``Unsqueeze`` carry their static output shape, as the IR's shape ops do;
+  ``Slice`` is ``StridedSlice`` over every axis; a MatMul of an N-D input by a 2-D weight is a 2-D ``MatMul`` over
+  its rows (as nn.Dense);
+- ``ConvTranspose`` is ``Conv2DTranspose`` (+ ``BiasAdd``), ``LSTM`` / ``GRU`` one ``DynamicRNN`` /
+  ``DynamicGRUV2`` per direction (``quantflow/ops/rnn.py``), ``InstanceNormalization`` its arithmetic steps;
 - pooling pads are explicit (``pad_mode`` "valid", "same" where they are MindSpore's same pads, else
   "pad"); ``ceil_mode`` becomes extra end padding, ``count_include_pad`` a ``Pad`` before the pool;
 - ``Identity``, ``Dropout`` (inference) and float-to-float ``Cast`` are resolved away;
   ``Constant`` nodes, ``Shape`` / ``Size`` of the (static) tensors and every standard op whose inputs
   are all constants (the shape arithmetic exporters write, ``DequantizeLinear`` of stored weights, a
-  ``Transpose`` of a weight) are evaluated here, with onnx's reference implementation.
+  ``Transpose`` of a weight) are evaluated here, with onnx's reference implementation;
+- a model quantized already (integer ops, QuantizeLinear on run-time values) is refused (``refuse_quantized``).
 
 Naming follows the MindIR front-end: the node at position ``k`` of the ONNX graph is ``v<k>`` and so
 is its output value (``v<k>:<i>`` for the i-th output of a multi-output IR op; an extra IR node for
 the same ONNX node, e.g. the ``BiasAdd`` of a ``Gemm``, is ``v<k>_bias``); the ONNX node name is the
 IR node's ``scope`` (its readable layer path); initializers and graph inputs keep their names.
 Floating-point tensors are float32 in the IR whatever their ONNX precision.  Every shape must be
-static: a dynamic input dimension is an error naming the input (or is fixed by ``input_shape``).
+static: a dynamic input dimension is an error naming the input (or is fixed by ``input_shape``); every other
+value's shape is what the model computes at that input shape (``_value_shapes``), whatever the file declares.
 """
 from __future__ import annotations
 
