@@ -310,3 +310,20 @@ def test_unsupported_op_message_names_the_op_and_node():
     with pytest.raises(UnsupportedNetworkError, match=r"unsupported ONNX op 'Hardmax' at node my_hardmax: quantflow "
                                                       r"cannot run or quantize it \(supported ONNX ops: .*LSTM"):
         read_onnx(model_of(n, [y], (1, 3, 8, 8)))
+
+
+def test_a_model_exported_in_half_precision_is_read_in_float32_and_checked(tmp_path):
+    """float16 weights and input (a half-precision export): the IR holds them in float32 (the emulation models the
+    device's float16 itself) and the graph stage's onnxruntime reference feeds the file float16."""
+    n = Net(29)
+    w = n.init("w16", (n.rng.normal(size=(8, 3, 3, 3)) * .3).astype(np.float16))
+    y = n.op("Sigmoid", [n.op("Conv", ["input", w, n.init("b16", np.full(8, .1, np.float16))], "c", pads=[1] * 4)])
+    graph = helper.make_graph(n.nodes, "half", [helper.make_tensor_value_info("input", TensorProto.FLOAT16,
+                                                                              ["n", 3, 8, 8])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT16, ["n", 8, 8, 8])], n.inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "half.onnx")
+    ir = read_onnx(tmp_path / "half.onnx", input_shape=(1, 3, 8, 8))
+    assert ir.initializers["w16"].dtype == np.float32 and ir.tensors[ir.outputs[0]].dtype == "float32"
+    x = images((1, 3, 8, 8), 4)
+    want = onnxruntime_outputs(tmp_path / "half.onnx", x, 1)
+    np.testing.assert_allclose(float_runner(ir).run(x)[ir.outputs[0]], want, atol=2e-3)

@@ -79,8 +79,9 @@ def onnxruntime_outputs(path: Path, x: np.ndarray, batch: int) -> np.ndarray:
     import onnxruntime as ort
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    feed = sess.get_inputs()[0].name
-    return _batched(lambda chunk: sess.run(None, {feed: chunk})[0], x, batch)
+    feed = sess.get_inputs()[0]
+    dtype = np.float16 if feed.type == "tensor(float16)" else np.float32   # a model exported in half precision
+    return _batched(lambda chunk: sess.run(None, {feed.name: chunk.astype(dtype)})[0].astype(np.float32), x, batch)
 
 
 def reference_outputs(cfg, graph_dir: Path, x: np.ndarray, batch: int) -> np.ndarray:

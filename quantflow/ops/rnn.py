@@ -71,8 +71,7 @@ def _param(ctx, i: int, what: str) -> np.ndarray:
 
 def _rnn_from_mindir(ctx):
     _checks(ctx, 3, {"cell_type": "LSTM", "direction": "UNIDIRECTIONAL", "cell_depth": 1, "use_peephole": False,
-                        "cell_clip": -1.0, "num_proj": 0, "time_major": True, "activation": "tanh",
-                        "forget_bias": 0.0})
+                     "cell_clip": -1.0, "num_proj": 0, "time_major": True, "activation": "tanh", "forget_bias": 0.0})
     ctx.only_output(0)
     x, w, bias = ctx.tensor(0), _param(ctx, 1, "w"), _param(ctx, 2, "b")
     hidden = w.shape[1] // 4
@@ -103,7 +102,7 @@ register(OpDef("DynamicRNN", _rnn_from_mindir, _sequence_onnx("LSTM"), num_outpu
 
 def _gru_from_mindir(ctx):
     _checks(ctx, 5, {"direction": "UNIDIRECTIONAL", "cell_depth": 1, "cell_clip": -1.0, "num_proj": 0,
-                        "time_major": True, "activation": "tanh", "reset_after": True})
+                     "time_major": True, "activation": "tanh", "reset_after": True})
     ctx.only_output(0)
     order = {"zrh": [0, 1, 2], "rzh": [1, 0, 2]}.get(str(ctx.attr("gate_order", "rzh")))
     if order is None:
