@@ -11,6 +11,7 @@ EDIT.  The written file always loads with ``load_config``; an existing file is n
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -133,6 +134,7 @@ def _declared_input(a) -> tuple[list | None, str | None]:
     return None, None
 
 
+@functools.lru_cache(maxsize=1)
 def _mindir_graph(path: Path):
     from ..frontends.mindir import read_mindir
     return read_mindir(path)
