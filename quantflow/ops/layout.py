@@ -329,7 +329,6 @@ for _name, _mode in (("ResizeNearestNeighbor", "nearest"), ("ResizeNearestNeighb
                    to_mindspore=_resize_ms))
 
 
-
 # ----------------------------------------------------------------------------- Gather (constant indices)
 
 def _gather_from_mindir(ctx):
