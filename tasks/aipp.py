@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from quantflow.backends.aipp import Geometry, aipp_values, default_format, norm_description, parse, render, verify
+from quantflow.backends.aipp import (Geometry, aipp_values, default_format, norm_description, parse, raw_pixels,
+                                      render, verify)
 from quantflow.data.images import preprocess
 from quantflow.engine.aipp import MAX_PADDED_WIDTH_310P, SUPPORTED_FORMATS
 from quantflow.entry import load_entry
@@ -117,12 +118,16 @@ def build_and_verify(cfg, image_paths: list[Path], out_cfg: Path) -> dict:
     else:
         def reference(img):
             return preprocess(img[None], norm.mean, norm.std, norm.scale, norm.channel_order)[0]
+    raw = raw_pixels(norm.std, norm.scale)
     try:
         report = verify(params, image_paths[: a.verify_images], channels, a.input_channel_order, reference,
                         a.tolerance, norm_description(norm, a.input_channel_order, params.get("input_format")),
-                        check_plausible=not norm.reference)
+                        check_plausible=not norm.reference and not raw)
     except AippMismatchError as err:
         raise AippMismatchError(f"{origin}: {err}") from None
+    if raw and not norm.reference:
+        less = f" less mean {list(norm.mean)}" if any(norm.mean) else ""
+        report["note"] = f"as declared, the network takes raw pixel values (0..255{less}; std 1, scale \"0-255\")"
     report["source"] = origin
     report["params"] = params
     return report
@@ -138,6 +143,8 @@ def _run(b) -> None:
            f"{csc['against_original']['max_abs_diff']:.2e}" if csc else "")
     print(f"AIPP config {kdir / AIPP_CFG} ({report['input_format']}) verified on {report['images']} calibration "
           f"images (largest |diff| {report['max_abs_diff']:.2e}, tolerance {report['tolerance']}{how})")
+    if "note" in report:
+        print(f"note: {report['note']}")
 
 
 def _key_inputs(b) -> dict:

@@ -222,8 +222,16 @@ def seen_image(a: Aipp, frame: np.ndarray, image: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- verification
 
+def raw_pixels(std, scale: str) -> bool:
+    """std 1 on the 0-255 scale: the network takes pixel values as they are, or less a per-channel mean (YOLOX and
+    many detectors; Caffe's [104, 117, 123]).  A legitimate declaration, whose values span 0..255 by design."""
+    return scale == "0-255" and all(float(s) == 1.0 for s in std)
+
+
 def plausibility(ref: np.ndarray, norm_desc: str) -> None:
-    """Catch a normalization in the wrong pixel domain when there is no reference to compare to."""
+    """Catch a normalization in the wrong pixel domain when there is no reference to compare to: mean/std of the
+    0-1 domain with scale "0-255" (values in the hundreds) or of the 0-255 domain with scale "0-1" (values crushed
+    near a constant).  A raw-pixel declaration (``raw_pixels``) is not checked here."""
     axes = (0, 2, 3)
     mean, std = ref.mean(axis=axes), ref.std(axis=axes)
     for i, (m, s) in enumerate(zip(mean, std)):

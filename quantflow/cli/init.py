@@ -1,15 +1,20 @@
 """``quantflow init``: a commented quantflow.toml for the user's model.
 
-What can be read off the files is filled in (input name and shape, class count from the model's output or
-from the calibration folder's per-class sub-folders; a model whose outputs are not one (batch, classes)
-tensor, e.g. a detector's heads, gets the outputs gate on unlabelled image folders); what only the user
-knows (the training normalization, the gate's limit) carries a default marked EDIT.  The written file always loads with
-``load_config``; an existing file is never overwritten.
+What can be read off the files is filled in: the input name; the input shape, from the model file where it is
+fixed there, its dynamic height and width (and batch 1) from the calibration images (or ``--input-shape``); then
+the network runs once at that shape (onnxruntime on an ONNX file, the MindIR's own shapes, the ``--entry``
+network in MindSpore) and the gate is chosen from what it really returns: one (batch, classes) output gets the
+top-1 gate with that class count, anything else (a detector's heads, a sequence) the outputs gate on unlabelled
+image folders.  What only the user knows (the training normalization, the gate's limit) carries a default marked
+EDIT.  The written file always loads with ``load_config``; an existing file is never overwritten.
 """
 from __future__ import annotations
 
 import argparse
+import functools
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
 from ..config import DEFAULT_CONFIG_NAME, load_config
 from ..errors import ConfigError, DataError
@@ -83,29 +88,141 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", type=Path, help="the MindSpore checkpoint, with --entry")
     p.add_argument("--calib", type=Path, default=Path("calib_data"), help="calibration images (per-class folders)")
     p.add_argument("--eval", type=Path, default=Path("eval_data"), help="held-out images (per-class folders)")
+    p.add_argument("--input-shape", type=_shape_arg, metavar="N,C,H,W",
+                   help="the input shape to build for (default: the model file's, its dynamic height and width "
+                        "from the calibration images)")
     p.add_argument("-o", "--output", type=Path, default=Path(DEFAULT_CONFIG_NAME))
 
 
-def _model_io(a) -> tuple[list[int] | None, str | None, list[list] | None]:
-    """Input shape, input name and output shapes read off the model file (None where unknown)."""
+def _shape_arg(text: str) -> list[int]:
+    try:
+        dims = [int(d) for d in text.replace("x", ",").split(",")]
+    except ValueError:
+        dims = []
+    if len(dims) != 4 or min(dims) < 1 or dims[1] not in (1, 3):
+        raise argparse.ArgumentTypeError(f"expected N,C,H,W with C 1 or 3, e.g. 1,3,224,224 (got {text!r})")
+    return dims
+
+
+# ----------------------------------------------------------------------------- what the files say
+
+def _declared_input(a) -> tuple[list | None, str | None]:
+    """The model file's input dims (None where dynamic) and name; (None, None) for an --entry network."""
     if a.onnx is not None:
         import onnx
         if not a.onnx.is_file():
             raise ConfigError(f"--onnx: file not found: {a.onnx}")
-        g = onnx.load(str(a.onnx), load_external_data=False).graph
+        from ..frontends.onnx_model import refuse_quantized
+        try:
+            model = onnx.load(str(a.onnx), load_external_data=False)
+        except Exception as err:  # protobuf's DecodeError
+            raise ConfigError(f"--onnx: {a.onnx} is not a readable ONNX file: {err}") from None
+        g = model.graph
+        refuse_quantized(model, str(a.onnx))   # an already quantized model: say so now, not at the build
         init = {i.name for i in g.initializer}
-        inp = next(i for i in g.input if i.name not in init)
-        dims = [d.dim_value or None for d in inp.type.tensor_type.shape.dim]
-        outs = [[d.dim_value or None for d in o.type.tensor_type.shape.dim] for o in g.output]
-        return ([1] + dims[1:] if len(dims) == 4 else None), inp.name, outs
+        inputs = [i for i in g.input if i.name not in init]
+        if len(inputs) != 1:
+            raise ConfigError(f"--onnx: {a.onnx} has {len(inputs)} inputs; quantflow builds single-input networks")
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                for d in inputs[0].type.tensor_type.shape.dim]
+        return dims, inputs[0].name
     if a.mindir is not None:
-        from ..frontends.mindir import read_mindir
         if not a.mindir.is_file():
             raise ConfigError(f"--mindir: file not found: {a.mindir}")
-        g = read_mindir(a.mindir)
-        shape = list(g.tensors[g.inputs[0]].shape)
-        return shape if len(shape) == 4 else None, None, [list(g.shape(o)) for o in g.outputs]
-    return None, None, None
+        g = _mindir_graph(a.mindir)
+        return list(g.tensors[g.inputs[0]].shape), None
+    return None, None
+
+
+@functools.lru_cache(maxsize=1)
+def _mindir_graph(path: Path):
+    from ..frontends.mindir import read_mindir
+    return read_mindir(path)
+
+
+def _image_shape(folder: Path) -> tuple[int, int, int] | None:
+    """(channels, height, width) of the first readable image in the folder (or its sub-folders)."""
+    import cv2
+
+    from ..data.images import scan_image_groups
+    try:
+        items = scan_image_groups(folder)
+    except DataError:
+        return None
+    for it in items[:20]:
+        img = cv2.imread(str(it.path), cv2.IMREAD_UNCHANGED)
+        if img is not None:
+            return (1 if img.ndim == 2 or img.shape[2] == 1 else 3), img.shape[0], img.shape[1]
+    return None
+
+
+def _input_shape(a, declared: list | None, images) -> tuple[list[int], str]:
+    """The input shape to build for, and a note on where it came from."""
+    if a.input_shape is not None:
+        if declared is not None:
+            clash = [f"dimension {i} is {d}" for i, (d, g) in enumerate(zip(declared, a.input_shape))
+                     if d is not None and d != g]
+            if len(declared) != 4 or clash:
+                raise ConfigError(f"--input-shape {a.input_shape}: the model's input is {declared} "
+                                  f"({', '.join(clash) or 'not 4-D'})")
+        return list(a.input_shape), " (from --input-shape)"
+    if declared is not None and len(declared) != 4:
+        raise ConfigError(f"the model's input has shape {declared}; quantflow builds image networks (N, C, H, W)")
+    if declared is not None and declared[1] not in (None, 1, 3) and declared[3] in (1, 3):
+        raise ConfigError(f"the model's input {declared} is channels-last (N, H, W, C); quantflow builds NCHW networks, "
+                          f"the layout of the Ascend deploy graph: export the model with an NCHW input")
+    dims = list(declared) if declared is not None else [None, None, None, None]
+    dims[0] = dims[0] or 1
+    if dims[1] is None:
+        dims[1] = images[0] if images else 3
+    note = ""
+    if dims[2] is None or dims[3] is None:
+        if images:
+            dims[2], dims[3] = dims[2] or images[1], dims[3] or images[2]
+            note = ("; height and width from the calibration images" if declared is None else
+                    "; the model's dynamic height / width set from the calibration images")
+        else:
+            dims[2], dims[3] = dims[2] or 224, dims[3] or 224
+            note = "   EDIT: not fixed in the model file, and no calibration images to read it from"
+    return dims, note
+
+
+def _run_outputs(a, shape: list[int], classes: int | None) -> tuple[list[list[int]] | None, str]:
+    """The output shapes of one run of the network at ``shape`` (None and the reason when it cannot run here)."""
+    try:
+        if a.onnx is not None:
+            import numpy as np
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            opts.log_severity_level = 3
+            sess = ort.InferenceSession(str(a.onnx), opts, providers=["CPUExecutionProvider"])
+            inp = sess.get_inputs()[0]
+            dtype = {"tensor(float16)": np.float16, "tensor(double)": np.float64, "tensor(uint8)": np.uint8}.get(
+                inp.type, np.float32)
+            outs = sess.run(None, {inp.name: np.zeros(shape, dtype)})
+            return [list(o.shape) for o in outs], ""
+        if a.mindir is not None:
+            g = _mindir_graph(a.mindir)
+            return [list(g.shape(o)) for o in g.outputs], ""
+        return _entry_outputs(a, shape, classes), ""
+    except Exception as err:  # whatever the runtime or the user's network raises: init still writes a config
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return None, first
+
+
+def _entry_outputs(a, shape: list[int], classes: int | None) -> list[list[int]]:
+    import numpy as np
+    import mindspore as ms
+
+    from ..frontends.network import build_network
+
+    base = Path.cwd()
+    model = SimpleNamespace(entry=a.entry, num_classes=classes or 1000, checkpoint=a.checkpoint)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = build_network(SimpleNamespace(model=model, path=lambda p: base / p))
+    y = net(ms.Tensor(np.zeros(shape, np.float32)))
+    return [list(o.shape) for o in (y if isinstance(y, (tuple, list)) else [y])]
 
 
 def _image_count(folder: Path, labelled: bool) -> int | None:
@@ -132,6 +249,8 @@ def _rel(path: Path, base: Path) -> str:
         return path.as_posix()
 
 
+# ----------------------------------------------------------------------------- the config
+
 def write_config(a) -> Path:
     out: Path = a.output
     if out.exists():
@@ -139,31 +258,42 @@ def write_config(a) -> Path:
     if a.entry is not None and a.checkpoint is None:
         raise ConfigError("--entry needs --checkpoint (the trained weights)")
     base = out.resolve().parent
-    shape, name, outs = _model_io(a)
-    classifier = not outs or (len(outs) == 1 and len(outs[0]) == 2)
+    declared, name = _declared_input(a)
+    shape, shape_note = _input_shape(a, declared, _image_shape(a.calib))
+    folders = _class_count(a.calib)
+    outs, why = _run_outputs(a, shape, folders)
+    flat = folders is None and a.calib.is_dir()   # images directly in the folder: no labels for a top-1 gate
+    if outs is not None:
+        classifier = len(outs) == 1 and len(outs[0]) == 2 and outs[0][0] == shape[0] and not flat
+        classes = outs[0][-1] if classifier else None
+        run_note = f"# the network ran at this shape: output{'s' if len(outs) > 1 else ''} {outs}"
+    else:  # it cannot run here (an entry's package not importable yet, ...): a classifier of the folders' classes
+        classifier, classes = True, folders
+        run_note = f"# EDIT: the network could not be run here to read its outputs ({why})"
     if a.onnx is not None:
         source = f'onnx = "{_rel(a.onnx, base)}"'
     elif a.mindir is not None:
         source = f'mindir = "{_rel(a.mindir, base)}"'
     else:
         source = f'entry = "{a.entry}"\ncheckpoint = "{_rel(a.checkpoint, base)}"'
-    classes = ((outs[0][-1] if outs else None) or _class_count(a.calib)) if classifier else None
     found = _image_count(a.calib, classifier)
     count = min(max(200, classes or 0), found or 10 ** 9)
+    per_class_min = 1 if not classifier or count >= (classes or 1000) else 0
     evaluation = EVALUATION_TOP1 if classifier else EVALUATION_OUTPUTS
     text = TEMPLATE.format(
-        source=source, input_shape=[d or 224 for d in shape] if shape else [1, 3, 224, 224],
-        shape_note="" if shape and all(shape) else "   EDIT: not fixed in the model file",
-        input_name=name or "x",
+        source=source + "\n" + run_note, input_shape=shape, shape_note=shape_note, input_name=name or "x",
         classes_line=(f"num_classes = {classes or 1000}" + ("" if classes else "   # EDIT: the model's output width"))
         if classifier else f"# num_classes: not needed, the outputs {outs} are gated by evaluation.metric = \"outputs\"",
         calib_note="per-class sub-folders of real images (e.g. {}/cat/*.jpg)".format(_rel(a.calib, base)) if classifier
         else "real images, directly in it or in sub-folders (sampled as groups, e.g. one per camera)",
         evaluation_lines=evaluation.format(eval=_rel(a.eval, base)),
         calib=_rel(a.calib, base), count=count, count_note=f"; all {found} found there" if count == found else "",
-        template="static_yuv400_u8.cfg" if shape and shape[1] == 1 else "static_rgb888_u8.cfg",
-        frame_order="GRAY" if shape and shape[1] == 1 else "BGR")
-    if shape and shape[1] == 1:
+        template="static_yuv400_u8.cfg" if shape[1] == 1 else "static_rgb888_u8.cfg",
+        frame_order="GRAY" if shape[1] == 1 else "BGR")
+    if per_class_min == 0:
+        text = text.replace("per_class_min = 1            # at least this many of every class (or sub-folder group)",
+                            f"per_class_min = 0            # EDIT: the folder holds {found} images for {classes} classes")
+    if shape[1] == 1:
         text = (text.replace("mean = [0.485, 0.456, 0.406]", "mean = [0.5]").replace("std = [0.229, 0.224, 0.225]",
                 "std = [0.5]").replace('channel_order = "RGB" ', 'channel_order = "GRAY"'))
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -173,6 +303,8 @@ def write_config(a) -> Path:
         load_config(tmp)
     except ConfigError as err:
         tmp.unlink()
-        raise ConfigError(f"quantflow init could not write a valid config for these files: {err}") from None
+        lines = [re.sub(r" \(got \{.*\}\)$", "", line) for line in str(err).splitlines()[1:]]   # no whole-config dump
+        raise ConfigError("quantflow init could not write a valid config for these files:\n"
+                          + "\n".join(lines)) from None
     tmp.replace(out)
     return out

@@ -9,23 +9,29 @@ BN folding, calibration, the INT8 scheme, the emulator and the deploy graphs wor
 - an ``Add`` of a constant per-channel vector to a Conv2D / 2-D MatMul output is that op's ``BiasAdd``
   (PyTorch's MatMul + Add, quantflow's own lowering of BiasAdd);
 - ``BatchNormalization`` is ``BatchNorm`` with MindSpore's five outputs (only the first in use);
-- ``Clip`` to [0, 6] is ``ReLU6`` (to [0, inf) ``ReLU``); ``x * Sigmoid(x)`` is ``SiLU``;
-  ``HardSigmoid(1/6, 0.5)`` is ``HSigmoid``; ``GlobalAveragePool`` is ``AdaptiveAvgPool2D``;
-  ``Flatten`` / ``Reshape`` / ``Squeeze`` / ``Unsqueeze`` carry their static output shape, as the
-  IR's shape ops do; ``Slice`` is ``StridedSlice`` over every axis;
+- ``Clip`` to [0, 6] is ``ReLU6`` (to [0, inf) ``ReLU``, other bounds ``Maximum`` / ``Minimum``); ``x * Sigmoid(x)``
+  is ``SiLU``; ``HardSigmoid(1/6, 0.5)`` is ``HSigmoid``, other slopes ``HardSigmoid``; ``LeakyRelu`` is
+  ``Maximum(x * a, x)`` as MindSpore's nn.LeakyReLU; ``GlobalAveragePool`` is ``AdaptiveAvgPool2D``;
+  ``Flatten`` / ``Reshape`` / ``Squeeze`` / ``Unsqueeze`` carry their static output shape, as the IR's shape ops do;
+  ``Slice`` is ``StridedSlice`` over every axis; a MatMul of an N-D input by a 2-D weight is a 2-D ``MatMul`` over
+  its rows (as nn.Dense);
+- ``ConvTranspose`` is ``Conv2DTranspose`` (+ ``BiasAdd``), ``LSTM`` / ``GRU`` one ``DynamicRNN`` /
+  ``DynamicGRUV2`` per direction (``quantflow/ops/rnn.py``), ``InstanceNormalization`` its arithmetic steps;
 - pooling pads are explicit (``pad_mode`` "valid", "same" where they are MindSpore's same pads, else
   "pad"); ``ceil_mode`` becomes extra end padding, ``count_include_pad`` a ``Pad`` before the pool;
 - ``Identity``, ``Dropout`` (inference) and float-to-float ``Cast`` are resolved away;
   ``Constant`` nodes, ``Shape`` / ``Size`` of the (static) tensors and every standard op whose inputs
   are all constants (the shape arithmetic exporters write, ``DequantizeLinear`` of stored weights, a
-  ``Transpose`` of a weight) are evaluated here, with onnx's reference implementation.
+  ``Transpose`` of a weight) are evaluated here, with onnx's reference implementation;
+- a model quantized already (integer ops, QuantizeLinear on run-time values) is refused (``refuse_quantized``).
 
 Naming follows the MindIR front-end: the node at position ``k`` of the ONNX graph is ``v<k>`` and so
 is its output value (``v<k>:<i>`` for the i-th output of a multi-output IR op; an extra IR node for
 the same ONNX node, e.g. the ``BiasAdd`` of a ``Gemm``, is ``v<k>_bias``); the ONNX node name is the
 IR node's ``scope`` (its readable layer path); initializers and graph inputs keep their names.
 Floating-point tensors are float32 in the IR whatever their ONNX precision.  Every shape must be
-static: a dynamic input dimension is an error naming the input (or is fixed by ``input_shape``).
+static: a dynamic input dimension is an error naming the input (or is fixed by ``input_shape``); every other
+value's shape is what the model computes at that input shape (``_value_shapes``), whatever the file declares.
 """
 from __future__ import annotations
 
@@ -61,7 +67,7 @@ def _dims(tensor_type) -> list | None:
 # ----------------------------------------------------------------------------- the reader
 
 class _Reader:
-    def __init__(self, model, source: str, name: str):
+    def __init__(self, model, source: str, name: str, infos: dict[str, list], unknown_why: str = ""):
         self.model, self.source, self.name = model, source, name
         self.g = model.graph
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
@@ -71,9 +77,11 @@ class _Reader:
         self.nodes: list[Node] = []
         self.producer: dict[str, Node] = {}
         self.used: set[str] = set()                   # every IR tensor / initializer name taken
-        self.infos: dict[str, list] = {}              # ONNX value -> [dims, elem_type] from shape inference
+        self.infos = infos                            # ONNX value -> [dims, elem_type] at the fixed input shape
+        self.unknown_why = unknown_why                # why some value's shape stayed unknown (onnxruntime's error)
         self.skip: set[int] = set()                   # nodes fused into a later one (Sigmoid of a SiLU)
         self.silu: dict[int, str] = {}                # Mul node index -> x of x * Sigmoid(x)
+        self.read_values: set[str] = set()            # ONNX values some needed node (or the graph output) reads
 
     # --------------------------------------------------------------- values and names
 
@@ -98,6 +106,10 @@ class _Reader:
             return v.name
         return v
 
+    def ir_shape(self, name: str) -> tuple[int, ...]:
+        """The shape of an IR tensor or initializer."""
+        return tuple(self.initializers[name].shape) if name in self.initializers else self.tensors[name].shape
+
     def onnx_shape(self, value: str, where: str) -> tuple[int, ...]:
         arr = self.const(value)
         if arr is not None:
@@ -105,8 +117,9 @@ class _Reader:
         dims = self.infos.get(value, [None])[0]
         if not is_static(dims):
             raise UnsupportedNetworkError(
-                f"{where}: value {value!r} has no static shape after ONNX shape inference ({dims}); quantflow's "
-                f"graph IR is static in shape")
+                f"{where}: the shape of value {value!r} is unknown at the fixed input shape ({dims}): neither ONNX "
+                f"shape inference nor a run of onnxruntime gave it{self.unknown_why}; quantflow's graph IR is static "
+                f"in shape")
         return tuple(dims)
 
     def info(self, value: str, where: str) -> TensorInfo:
@@ -116,29 +129,18 @@ class _Reader:
     # --------------------------------------------------------------- reading
 
     def read(self) -> Graph:
-        init_names = {t.name for t in self.g.initializer}
         from onnx import numpy_helper
         for t in self.g.initializer:
             self.values[t.name] = Const(numpy_helper.to_array(t), self.claim(t.name))
         inputs = []
-        for i in self.g.input:
-            if i.name in init_names:  # IR version < 4 lists initializers as inputs too
-                continue
+        for i in _graph_inputs(self.model):
             tt = i.type.tensor_type
-            dims = _dims(tt)
-            if not is_static(dims):
-                raise UnsupportedNetworkError(_dynamic_message(self.source, i.name, dims))
             name = self.claim(i.name)
-            self.tensors[name] = TensorInfo(tuple(dims), _dtype_name(tt.elem_type))
+            self.tensors[name] = TensorInfo(tuple(_dims(tt)), _dtype_name(tt.elem_type))
             self.values[i.name] = name
             inputs.append(name)
-        for vi in [*self.g.input, *self.g.value_info, *self.g.output]:
-            if vi.type.HasField("tensor_type"):
-                dims = _dims(vi.type.tensor_type)
-                old = self.infos.get(vi.name)
-                if old is None or (not is_static(old[0]) and is_static(dims)):
-                    self.infos[vi.name] = [dims, vi.type.tensor_type.elem_type]
         needed = self._needed()
+        self.read_values = {i for k in needed for i in self.g.node[k].input if i} | {o.name for o in self.g.output}
         self._find_silu(needed)
         for k, n in enumerate(self.g.node):
             if k in needed and k not in self.skip:
@@ -151,6 +153,12 @@ class _Reader:
             if isinstance(v, Const):
                 raise UnsupportedNetworkError(f"{self.source}: graph output {o.name!r} is a constant; quantflow "
                                               f"needs outputs computed from the input")
+            batch = self.tensors[inputs[0]].shape[0] if inputs and self.tensors[inputs[0]].shape else 1
+            if batch > 1 and self.tensors[v].shape[:1] != (batch,):
+                raise UnsupportedNetworkError(
+                    f"{self.source}: graph output {o.name!r} has shape {list(self.tensors[v].shape)} at input batch "
+                    f"{batch}, without the batch as its first axis (a sequence model's (T, batch, classes)); quantflow "
+                    f"runs such a network image by image: set the batch (model.input_shape[0]) to 1")
             outputs.append(v)
         g = Graph(self.nodes, inputs, outputs, self.initializers, self.tensors, name=self.name)
         g.prune()
@@ -292,16 +300,113 @@ def read_onnx(path, input_shape: Sequence[int] | None = None) -> Graph:
             raise UnsupportedNetworkError(f"{path} is not a readable ONNX file: {err}") from None
     if model.graph.sparse_initializer:
         raise UnsupportedNetworkError(f"{source}: sparse initializers are not supported")
+    refuse_quantized(model, source)
     if input_shape is not None:
         _fix_input_shape(model, source, [int(d) for d in input_shape])
+    for i in _graph_inputs(model):
+        dims = _dims(i.type.tensor_type)
+        if not is_static(dims):
+            raise UnsupportedNetworkError(_dynamic_message(source, i.name, dims))
+    model, infos, why = _value_shapes(model, source)
+    return _Reader(model, source, name, infos, why).read()
+
+
+def _graph_inputs(model) -> list:
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]  # IR version < 4 lists initializers as inputs too
+
+
+# ----------------------------------------------------------------------------- shapes at the fixed input shape
+
+def _value_shapes(model, source: str):
+    """Every value's shape and element type at the model's (now static) input shape, whatever the exporter
+    wrote: its own ``value_info`` and output shapes are dropped (exporters leave stale ones, e.g. an output
+    declared [1, seqlen] that computes [T, 1, classes]), ONNX shape inference runs on the rest, and the values it
+    leaves unknown (a Reshape target built from Shape -> Gather -> Concat, and everything after it) are taken from
+    one onnxruntime run of the model at that shape with those values exposed as outputs.
+
+    Returns the inferred model, {value: [dims, elem_type]} and why some shapes could not be found ("" if all were)."""
+    import onnx
+
+    bare = onnx.ModelProto()
+    bare.CopyFrom(model)
+    del bare.graph.value_info[:]
+    for o in bare.graph.output:
+        if o.type.HasField("tensor_type"):
+            o.type.tensor_type.ClearField("shape")
     try:
-        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(bare, data_prop=True)
     except Exception:
         try:
-            model = onnx.shape_inference.infer_shapes(model)
+            inferred = onnx.shape_inference.infer_shapes(bare)
         except Exception as err:
             raise UnsupportedNetworkError(f"{source}: ONNX shape inference failed: {err}") from None
-    return _Reader(model, source, name).read()
+    infos: dict[str, list] = {}
+    for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        if vi.type.HasField("tensor_type"):
+            infos[vi.name] = [_dims(vi.type.tensor_type), vi.type.tensor_type.elem_type]
+    consts = {t.name for t in model.graph.initializer}
+    unknown = [o for n in inferred.graph.node for o in n.output
+               if o and o not in consts and not (o in infos and is_static(infos[o][0]) and infos[o][1])]
+    why = ""
+    if unknown:
+        try:
+            infos.update(_onnxruntime_shapes(bare, list(dict.fromkeys(unknown))))
+        except Exception as err:  # onnxruntime's own errors (an op it lacks, a shape it refuses)
+            why = f" (onnxruntime: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__})"
+    return inferred, infos, why
+
+
+def _onnxruntime_shapes(model, values: list[str]) -> dict[str, list]:
+    """{value: [dims, elem_type]} of ``values`` from one onnxruntime run on zeros at the model's input shape."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.output[:]
+    probe.graph.output.extend(helper.make_empty_tensor_value_info(v) for v in values)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    feeds = {}
+    for i in _graph_inputs(probe):
+        tt = i.type.tensor_type
+        feeds[i.name] = np.zeros(_dims(tt), helper.tensor_dtype_to_np_dtype(tt.elem_type))
+    outs = sess.run(values, feeds)
+    return {v: [list(a.shape), helper.np_dtype_to_tensor_dtype(a.dtype)] for v, a in zip(values, outs)}
+
+
+# ----------------------------------------------------------------------------- models quantized already
+
+# integer or quantize/dequantize arithmetic written by a quantization tool (onnxruntime.quantization, ...)
+_QUANTIZED = {"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "QGemm",
+              "DynamicQuantizeLSTM", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention", "QEmbedLayerNorm"}
+
+
+def refuse_quantized(model, source: str) -> None:
+    """An already quantized model (integer ops, or QuantizeLinear on run-time values: QDQ pairs) is refused:
+    quantflow quantizes the float network itself.  A DequantizeLinear of a stored weight alone (weights kept in
+    int8 for size) is not quantized arithmetic and is folded when read."""
+    g = model.graph
+    consts = {t.name for t in g.initializer} | {o for n in g.node if n.op_type == "Constant" for o in n.output}
+    counts: dict[str, int] = {}
+    first = None
+    for k, n in enumerate(g.node):
+        quantized = n.op_type in _QUANTIZED or n.op_type.startswith("QLinear") or \
+            (n.op_type == "QuantizeLinear" and n.input and n.input[0] not in consts)
+        if quantized:
+            counts[n.op_type] = counts.get(n.op_type, 0) + 1
+            first = first or (n.name or f"v{k}")
+    if counts:
+        found = ", ".join(f"{op} x{c}" for op, c in sorted(counts.items(), key=lambda kv: -kv[1]))
+        raise UnsupportedNetworkError(
+            f"{source} is already quantized: it computes with {found} (first at node {first}), as a quantization "
+            f"tool writes it (e.g. onnxruntime.quantization). quantflow quantizes a float network itself for the "
+            f"Ascend INT8 scheme and cannot take integer arithmetic over: give model.onnx the float (FP32) model "
+            f"this one was quantized from")
 
 
 def _fix_input_shape(model, source: str, shape: list[int]) -> None:

@@ -218,11 +218,21 @@ def _gemm(ctx: Ctx):
 
 
 def _matmul(ctx: Ctx):
-    ra, rb = len(ctx.shape(0)), len(ctx.shape(1))
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    ra, rb = len(xs), len(ws)
     if ra < 2 or rb < 2:
-        ctx.fail(f"MatMul with a 1-D operand (shapes {ctx.shape(0)}, {ctx.shape(1)})")
+        ctx.fail(f"MatMul with a 1-D operand (shapes {xs}, {ws})")
+    attrs = {"transpose_a": False, "transpose_b": False, "rank_a": 2, "rank_b": 2}
+    if ra > 2 and rb == 2:  # a linear layer on (..., K): over rows of K, as MindSpore's nn.Dense computes it
+        rows = TensorInfo((int(np.prod(xs[:-1])), xs[-1]), "float32")
+        flat = ctx.emit("Reshape", [ctx.x(0)], {"shape": list(rows.shape)}, suffix="rows", infos=[rows],
+                        result=None)[0]
+        y = ctx.emit("MatMul", [flat, ctx.x(1)], attrs, infos=[TensorInfo((rows.shape[0], ws[1]), "float32")],
+                     result=None)[0]
+        ctx.emit("Reshape", [y], {"shape": list(ctx.out_shape())}, suffix="unrows")
+        return
     op = "MatMul" if ra == rb == 2 else "BatchMatMul"
-    ctx.emit(op, [ctx.x(0), ctx.x(1)], {"transpose_a": False, "transpose_b": False, "rank_a": ra, "rank_b": rb})
+    ctx.emit(op, [ctx.x(0), ctx.x(1)], {**attrs, "rank_a": ra, "rank_b": rb})
 
 
 def _batchnorm(ctx: Ctx):
@@ -276,8 +286,8 @@ def _split(ctx: Ctx):
         parts = int(ctx.attr("num_outputs", len(ctx.n.output)))
         size = -(-xs[axis] // parts)
         sizes = [min(size, xs[axis] - j * size) for j in range(parts)]
-    if len(set(sizes)) != 1 or sum(sizes) != xs[axis]:
-        ctx.fail(f"Split of size {xs[axis]} into {sizes}: the IR's Split makes equal parts")
+    if sum(sizes) != xs[axis] or min(sizes) < 1:
+        ctx.fail(f"Split of size {xs[axis]} into {sizes}")
     infos = []
     for j, size in enumerate(sizes):
         shape = list(xs)
@@ -299,19 +309,86 @@ def _clip(ctx: Ctx):
         lo = _scalar(ctx.need_const(1, "min")) if ctx.has(1) else None
         hi = _scalar(ctx.need_const(2, "max")) if ctx.has(2) else None
     big = float(np.finfo(np.float32).max)
+    lo = None if lo is None or lo <= -big else float(lo)
+    hi = None if hi is None or hi >= big else float(hi)
     if lo == 0.0 and hi == 6.0:
         ctx.emit("ReLU6", [ctx.x(0)], {})
-    elif lo == 0.0 and (hi is None or hi >= big):
+    elif lo == 0.0 and hi is None:
         ctx.emit("ReLU", [ctx.x(0)], {})
-    else:
-        ctx.fail(f"Clip to [{lo}, {hi}]: the IR has Clip to [0, 6] (ReLU6) and to [0, inf) (ReLU) only")
+    elif lo is None and hi is None:
+        ctx.r.values[ctx.n.output[0]] = ctx.x(0)
+    else:  # any other bounds: max(x, lo), then min(., hi) (MindSpore's clip_by_value)
+        x = ctx.x(0)
+        if lo is not None:
+            x = ctx.emit("Maximum", [x, ctx.const_input(1, np.float32(lo), keep_name=False)], {},
+                         suffix="min" if hi is not None else "", result=None if hi is not None else 0)[0]
+        if hi is not None:
+            ctx.emit("Minimum", [x, ctx.const_input(2, np.float32(hi), keep_name=False)], {})
 
 
 def _hardsigmoid(ctx: Ctx):
     alpha, beta = float(ctx.attr("alpha", 0.2)), float(ctx.attr("beta", 0.5))
-    if not (np.isclose(alpha, 1.0 / 6.0, rtol=1e-6, atol=0) and beta == 0.5):
-        ctx.fail(f"HardSigmoid with alpha {alpha}, beta {beta}: the IR's HSigmoid is alpha 1/6, beta 0.5")
-    ctx.emit("HSigmoid", [ctx.x(0)], {})
+    if np.isclose(alpha, 1.0 / 6.0, rtol=1e-6, atol=0) and beta == 0.5:
+        ctx.emit("HSigmoid", [ctx.x(0)], {})
+    else:  # PaddlePaddle's hardsigmoid: alpha 0.2
+        ctx.emit("HardSigmoid", [ctx.x(0)], {"alpha": alpha, "beta": beta})
+
+
+def _leaky_relu(ctx: Ctx):
+    alpha = float(ctx.attr("alpha", 0.01))
+    if 0.0 <= alpha <= 1.0:  # max(a x, x), as MindSpore's nn.LeakyReLU writes it
+        ax = ctx.emit("Mul", [ctx.x(0), ctx.const_input(1, np.float32(alpha), keep_name=False)], {}, suffix="alpha",
+                      result=None)[0]
+        ctx.emit("Maximum", [ax, ctx.x(0)], {})
+    else:
+        ctx.emit("PReLU", [ctx.x(0), ctx.const_input(1, np.array([alpha], np.float32), keep_name=False)],
+                 {"rank": len(ctx.shape(0))})
+
+
+def _prelu(ctx: Ctx):
+    """PRelu with one slope per channel (axis 1) or one for all: MindSpore's PReLU."""
+    xs = ctx.shape(0)
+    slope = ctx.need_const(1, "slope").astype(np.float32)
+    if len(xs) < 2:
+        ctx.fail(f"PRelu of a rank-{len(xs)} tensor")
+    try:
+        full = np.broadcast_to(slope, xs[1:])
+    except ValueError:
+        ctx.fail(f"slope of shape {slope.shape} for input {xs}")
+    channel = full.reshape(xs[1], -1)
+    if slope.size == 1:
+        weight = slope.reshape(1)
+    elif np.all(channel == channel[:, :1]):
+        weight = np.ascontiguousarray(channel[:, 0])
+    else:
+        ctx.fail(f"slope of shape {slope.shape} varies beyond the channel axis (MindSpore's PReLU: one per channel)")
+    ctx.emit("PReLU", [ctx.x(0), ctx.const_input(1, weight, keep_name=weight.shape == slope.shape)],
+             {"rank": len(xs)})
+
+
+def _pow(ctx: Ctx):
+    e = ctx.const(1)
+    if e is not None and e.dtype.kind != "f":  # an integer exponent in float arithmetic
+        ctx.emit("Pow", [ctx.x(0), ctx.const_input(1, e.astype(np.float32), keep_name=False)], {})
+    else:
+        ctx.emit("Pow", [ctx.x(0), ctx.x(1)], {})
+
+
+def _variadic(op: str):
+    """Max / Min / Sum of any number of tensors: a chain of the binary op."""
+    def handler(ctx: Ctx):
+        ins = [ctx.x(i) for i in range(len(ctx.n.input)) if ctx.has(i)]
+        if len(ins) == 1:
+            ctx.r.values[ctx.n.output[0]] = ins[0]
+            return
+        y = ins[0]
+        for j, other in enumerate(ins[1:], 1):
+            last = j == len(ins) - 1
+            y = ctx.emit(op, [y, other], {}, suffix="" if last else f"part{j}",
+                         infos=None if last else [TensorInfo(tuple(np.broadcast_shapes(*(ctx.r.ir_shape(t)
+                                                                                        for t in (y, other)))))],
+                         result=0 if last else None)[0]
+    return handler
 
 
 def _mul(ctx: Ctx):
@@ -445,17 +522,19 @@ def _softmax(ctx: Ctx):
     ctx.emit("Softmax", [ctx.x(0)], {"axis": axis})
 
 
-def _reduce_mean(ctx: Ctx):
-    rank = len(ctx.shape(0))
-    if ctx.r.opset >= 18 and ctx.has(1):
-        axes = as_ints(ctx.need_const(1, "axes"))
-    else:
-        axes = as_ints(ctx.attr("axes", []))
-    if not axes and int(ctx.attr("noop_with_empty_axes", 0)):
-        ctx.r.values[ctx.n.output[0]] = ctx.x(0)
-        return
-    axes = sorted(norm_axis(a, rank) for a in axes) or list(range(rank))
-    ctx.emit("ReduceMean", [ctx.x(0)], {"axes": axes, "keepdims": bool(ctx.attr("keepdims", 1))})
+def _reduce(op: str):
+    def handler(ctx: Ctx):
+        rank = len(ctx.shape(0))
+        if ctx.has(1):   # an input from opset 13 (ReduceSum) / 18 (the others) on
+            axes = as_ints(ctx.need_const(1, "axes"))
+        else:
+            axes = as_ints(ctx.attr("axes", []))
+        if not axes and int(ctx.attr("noop_with_empty_axes", 0)):
+            ctx.r.values[ctx.n.output[0]] = ctx.x(0)
+            return
+        axes = sorted(norm_axis(a, rank) for a in axes) or list(range(rank))
+        ctx.emit(op, [ctx.x(0)], {"axes": axes, "keepdims": bool(ctx.attr("keepdims", 1))})
+    return handler
 
 
 def _pad(ctx: Ctx):
@@ -514,9 +593,17 @@ def _resize(ctx: Ctx):
         ctx.fail("Resize with antialias")
     if mode == "nearest":
         nearest = ctx.attr("nearest_mode", "round_prefer_floor")
+        whole = all(out[i] % xs[i] == 0 for i in (2, 3))
+        # at whole upscale factors s these pick source pixel floor(x / s), as asymmetric + floor does: half_pixel
+        # puts x at x/s + (1/s - 1)/2 (rounded: never a tie), tf_half_pixel_for_nn at (x + 0.5)/s (floored)
+        if whole and (coord in ("half_pixel", "pytorch_half_pixel") and nearest in ("round_prefer_floor",
+                                                                                  "round_prefer_ceil")
+                      or coord == "tf_half_pixel_for_nn" and nearest == "floor"):
+            coord, nearest = "asymmetric", "floor"
         if (coord, nearest) not in (("asymmetric", "floor"), ("align_corners", "round_prefer_ceil")):
             ctx.fail(f"nearest Resize with coordinate_transformation_mode {coord!r} and nearest_mode {nearest!r} "
-                     f"(supported: asymmetric + floor, align_corners + round_prefer_ceil)")
+                     f"(supported: asymmetric + floor, align_corners + round_prefer_ceil, and the half-pixel modes "
+                     f"at whole upscale factors)")
         op = "ResizeNearestNeighbor"
     elif mode == "linear":
         if coord == "pytorch_half_pixel" and min(out[2:]) > 1:
@@ -529,6 +616,224 @@ def _resize(ctx: Ctx):
     ctx.emit(op, [ctx.x(0)], {"size": list(out), "mode": mode, "coord": coord})
 
 
+def _upsample(ctx: Ctx):
+    """Upsample (opsets 7-9): Resize with asymmetric coordinates (nearest: the floor pixel)."""
+    xs, out = ctx.shape(0), ctx.out_shape()
+    if len(xs) != 4 or tuple(out[:2]) != tuple(xs[:2]):
+        ctx.fail(f"Upsample from {xs} to {out}: only the spatial dims of an NCHW tensor may change")
+    mode = ctx.attr("mode", "nearest")
+    if mode not in ("nearest", "linear", "bilinear"):
+        ctx.fail(f"Upsample mode {mode!r}")
+    nearest = mode == "nearest"
+    ctx.emit("ResizeNearestNeighbor" if nearest else "ResizeBilinear", [ctx.x(0)],
+             {"size": list(out), "mode": "nearest" if nearest else "linear", "coord": "asymmetric"})
+
+
+def _scatter_nd(ctx: Ctx):
+    """ScatterND at constant indices (``y[..., 0:2] = v`` in a PyTorch export: YOLOv5's box decoding)."""
+    if ctx.attr("reduction", "none") != "none":
+        ctx.fail(f"ScatterND with reduction {ctx.attr('reduction')!r}")
+    idx = ctx.need_const(1, "indices").astype(np.int64)
+    ctx.emit("TensorScatterUpdate", [ctx.x(0), ctx.const_input(1, idx, keep_name=False), ctx.x(2)], {})
+
+
+def _instance_norm(ctx: Ctx):
+    """InstanceNormalization written out: (x - mean) / sqrt(var + eps) * scale + B over each image's H x W."""
+    xs = ctx.shape(0)
+    if len(xs) != 4:
+        ctx.fail(f"InstanceNormalization of a rank-{len(xs)} tensor (NCHW only)")
+    full, stat = TensorInfo(tuple(xs), "float32"), TensorInfo(tuple(xs[:2]) + (1, 1), "float32")
+    axes = {"axes": [2, 3], "keepdims": True}
+
+    def step(op, ins, suffix, info=full, attrs=None):
+        return ctx.emit(op, ins, attrs or {}, suffix=suffix, infos=[info], result=None if suffix else 0)[0]
+    eps = ctx.r.claim(f"v{ctx.k}:epsilon")
+    ctx.r.initializers[eps] = np.float32(ctx.attr("epsilon", 1e-5))
+    channel = []
+    for i, what in ((1, "scale"), (2, "B")):
+        v = ctx.need_const(i, what).astype(np.float32).reshape(-1, 1, 1)
+        channel.append(ctx.const_input(i, v, keep_name=False))
+    x = ctx.x(0)
+    d = step("Sub", [x, step("ReduceMean", [x], "mean", stat, axes)], "centred")
+    var = step("ReduceMean", [step("Mul", [d, d], "square")], "var", stat, axes)
+    norm = step("Div", [d, step("Sqrt", [step("Add", [var, eps], "var_eps", stat)], "std", stat)], "normed")
+    step("Add", [step("Mul", [norm, channel[0]], "scaled"), channel[1]], "")
+
+
+def _conv_transpose(ctx: Ctx):
+    """ConvTranspose -> Conv2DTranspose (+ BiasAdd), with explicit pads and output_padding for the output size."""
+    xs, ws, out = ctx.shape(0), ctx.shape(1), ctx.out_shape()
+    if len(ws) != 4 or len(xs) != 4:
+        ctx.fail(f"only 2-D transposed convolutions (NCHW input, 4-D weight) are supported; input {xs}, weight {ws}")
+    kernel = as_ints(ctx.attr("kernel_shape", ws[2:]))
+    if tuple(kernel) != tuple(ws[2:]):
+        ctx.fail(f"kernel_shape {kernel} differs from the weight's {ws[2:]}")
+    strides, dilations = as_ints(ctx.attr("strides", [1, 1])), as_ints(ctx.attr("dilations", [1, 1]))
+    extra = as_ints(ctx.attr("output_padding", [0, 0]))
+    group = int(ctx.attr("group", 1))
+    full = [strides[i] * (xs[2 + i] - 1) + extra[i] + (kernel[i] - 1) * dilations[i] + 1 for i in range(2)]
+    mode = ctx.attr("auto_pad", "NOTSET") or "NOTSET"
+    if mode == "NOTSET" and ctx.attr("output_shape") is None:
+        pads = as_ints(ctx.attr("pads", [0, 0, 0, 0]))
+    elif mode == "VALID":
+        pads = [0, 0, 0, 0]
+    else:  # the ONNX rule: total padding from the output size; the odd pixel at the end for SAME_UPPER
+        total = [full[i] - out[2 + i] for i in range(2)]
+        if mode == "SAME_LOWER":
+            pads = [total[0] - total[0] // 2, total[1] - total[1] // 2, total[0] // 2, total[1] // 2]
+        else:
+            pads = [total[0] // 2, total[1] // 2, total[0] - total[0] // 2, total[1] - total[1] // 2]
+    if min(pads) < 0:
+        ctx.fail(f"pads {pads} (an output larger than the transposed convolution makes)")
+    got = [full[i] - pads[i] - pads[i + 2] for i in range(2)]
+    if tuple(got) != tuple(out[2:]) or out[1] != ws[1] * group:
+        ctx.fail(f"computed output size {got} differs from the model's {list(out[2:])}")
+    attrs = {"pads": pads, "strides": strides, "dilations": dilations, "group": group, "output_padding": extra}
+    if not ctx.has(2):
+        ctx.emit("Conv2DTranspose", [ctx.x(0), ctx.x(1)], attrs)
+        return
+    y = ctx.emit("Conv2DTranspose", [ctx.x(0), ctx.x(1)], attrs, result=None)[0]
+    ctx.emit("BiasAdd", [y, ctx.x(2)], {"axis": 1, "rank": 4}, suffix="bias")
+
+
+def _block(op: str):
+    def handler(ctx: Ctx):
+        if len(ctx.shape(0)) != 4:
+            ctx.fail(f"{ctx.n.op_type} of a rank-{len(ctx.shape(0))} tensor (NCHW only)")
+        mode = ctx.attr("mode", "DCR") if op == "DepthToSpace" else "DCR"
+        if mode not in ("DCR", "CRD"):
+            ctx.fail(f"mode {mode!r}")
+        ctx.emit(op, [ctx.x(0)], {"block_size": int(ctx.attr("blocksize")), "mode": mode})
+    return handler
+
+
+def _gather(ctx: Ctx):
+    """Gather of a run-time tensor at constant indices (``x[:, 0]`` in PyTorch's export)."""
+    xs = ctx.shape(0)
+    axis = norm_axis(int(ctx.attr("axis", 0)), len(xs))
+    idx = ctx.need_const(1, "indices").astype(np.int64)
+    idx = np.where(idx < 0, idx + xs[axis], idx)
+    if idx.size and (idx.min() < 0 or idx.max() >= xs[axis]):
+        ctx.fail(f"indices out of range for dimension {axis} of size {xs[axis]}")
+    if idx.ndim == 0:  # one index: the slice at it, that axis squeezed
+        i = int(idx)
+        ctx.emit("StridedSlice", [ctx.x(0)], {"starts": [i if a == axis else 0 for a in range(len(xs))],
+                                              "ends": [i + 1 if a == axis else d for a, d in enumerate(xs)],
+                                              "axes": list(range(len(xs))), "steps": [1] * len(xs),
+                                              "squeeze": [axis]})
+        return
+    ctx.emit("Gather", [ctx.x(0), ctx.const_input(1, idx, keep_name=False)], {"axis": axis})
+
+
+def _expand(ctx: Ctx):
+    ctx.need_const(1, "shape")
+    out = ctx.out_shape()
+    if tuple(out) == tuple(ctx.shape(0)):
+        ctx.r.values[ctx.n.output[0]] = ctx.x(0)
+    else:
+        ctx.emit("BroadcastTo", [ctx.x(0)], {"shape": list(out)})
+
+
+def _tile(ctx: Ctx):
+    repeats = as_ints(ctx.need_const(1, "repeats"))
+    ctx.emit("Tile", [ctx.x(0)], {"multiples": repeats, "shape": list(ctx.shape(0)), "lead": 0})
+
+
+def _reversed(ctx: Ctx, x: str, shape: tuple[int, ...], suffix: str) -> str:
+    """``x`` reversed along axis 0 (time): a StridedSlice with step -1."""
+    return ctx.emit("StridedSlice", [x], {"starts": [-1] + [0] * (len(shape) - 1),
+                                          "ends": [-(2 ** 62)] + list(shape[1:]), "axes": list(range(len(shape))),
+                                          "steps": [-1] + [1] * (len(shape) - 1), "squeeze": []},
+                    suffix=suffix, infos=[TensorInfo(tuple(shape), "float32")], result=None)[0]
+
+
+def _recurrent(kind: str):
+    """ONNX LSTM / GRU -> one DynamicRNN / DynamicGRUV2 per direction (``quantflow/ops/rnn.py``), what CANN's
+    fusion passes make of them; a reverse direction runs forward over the time-reversed sequence."""
+    gates, op, outs = (4, "DynamicRNN", 8) if kind == "LSTM" else (3, "DynamicGRUV2", 6)
+    default_acts = ["Sigmoid", "Tanh", "Tanh"] if kind == "LSTM" else ["Sigmoid", "Tanh"]
+
+    def handler(ctx: Ctx):
+        xs = ctx.shape(0)
+        if len(xs) != 3:
+            ctx.fail(f"input of rank {len(xs)} (expected time, batch, features)")
+        if int(ctx.attr("layout", 0)):
+            ctx.fail("layout 1 (batch-major input); CANN's DynamicRNN / DynamicGRUV2 are time-major (export with "
+                     "layout 0)")
+        direction = ctx.attr("direction", "forward")
+        if direction not in ("forward", "reverse", "bidirectional"):
+            ctx.fail(f"direction {direction!r}")
+        dirs = 2 if direction == "bidirectional" else 1
+        acts = [a.decode() if isinstance(a, bytes) else a for a in (ctx.attr("activations") or [])]
+        if acts and [a.lower() for a in acts] != [a.lower() for a in default_acts * dirs]:
+            ctx.fail(f"activations {acts}: CANN's {op} computes {', '.join(default_acts)} only (its ONNX parser does "
+                     f"not read the attribute)")
+        if ctx.attr("clip") is not None:
+            ctx.fail(f"clip {ctx.attr('clip')}: CANN's ONNX parser does not pass it on to {op}")
+        if kind == "LSTM" and int(ctx.attr("input_forget", 0)):
+            ctx.fail(f"input_forget 1: CANN's {op} does not couple the input and forget gates")
+        if kind == "GRU" and int(ctx.attr("linear_before_reset", 0)) != 1:
+            ctx.fail("linear_before_reset 0: CANN's DynamicGRUV2 applies the reset gate after the hidden matrix "
+                     "product (reset_after, ONNX linear_before_reset 1, as PyTorch exports nn.GRU); this GRU "
+                     "computes another function there")
+        t, batch, _ = xs
+        w, r = ctx.need_const(1, "W").astype(np.float32), ctx.need_const(2, "R").astype(np.float32)
+        hidden = r.shape[-1]
+        if ctx.attr("hidden_size") is not None and int(ctx.attr("hidden_size")) != hidden:
+            ctx.fail(f"hidden_size {ctx.attr('hidden_size')} differs from R's {r.shape}")
+        b = ctx.need_const(3, "B").astype(np.float32) if ctx.has(3) else np.zeros((dirs, 2 * gates * hidden), np.float32)
+        if ctx.has(4):
+            lens = ctx.const(4)
+            if lens is None or np.any(lens != t):
+                ctx.fail("sequence_lens shorter than the sequence (or computed at run time); CANN's op reads full "
+                         "sequences here")
+        states = []
+        for i, what in ((5, "initial_h"), (6, "initial_c"))[:2 if kind == "LSTM" else 1]:
+            states.append(ctx.need_const(i, what).astype(np.float32) if ctx.has(i)
+                          else np.zeros((dirs, batch, hidden), np.float32))
+        if kind == "LSTM" and ctx.has(7) and np.any(ctx.need_const(7, "P")):
+            ctx.fail("peepholes (input P): CANN's DynamicRNN is read without them")
+        used = [bool(o) and o in ctx.r.read_values for o in ctx.n.output] + [False] * 3
+        if kind == "LSTM" and used[2]:
+            ctx.fail("the last cell state (output Y_c) is used; quantflow reads Y and Y_h of an LSTM")
+        seq, last = [], []
+        for d in range(dirs):
+            reverse = direction == "reverse" or d == 1
+            x = _reversed(ctx, ctx.x(0), xs, f"reverse{d}") if reverse else ctx.x(0)
+            bias = b[d:d + 1]
+            if kind == "LSTM":  # one bias, as DynamicRNN holds it
+                bias = np.concatenate([b[d, :4 * hidden] + b[d, 4 * hidden:], np.zeros(4 * hidden, np.float32)])[None]
+            params = [w[d:d + 1], r[d:d + 1], bias] + [s[d:d + 1] for s in states]
+            names = []
+            for j, v in enumerate(params):
+                name = ctx.r.claim(f"v{ctx.k}:dir{d}_{('W', 'R', 'B', 'h0', 'c0')[j]}")
+                ctx.r.initializers[name] = np.ascontiguousarray(v, np.float32)
+                names.append(name)
+            info = TensorInfo((t, batch, hidden), "float32")
+            y = ctx.emit(op, [x, *names], {"hidden_size": int(hidden)}, suffix=f"dir{d}", infos=[info] * outs,
+                         outputs=outs, result=None)[0]
+            if used[1]:
+                last.append(ctx.emit("StridedSlice", [y], {"starts": [t - 1, 0, 0], "ends": [t, batch, hidden],
+                                                           "axes": [0, 1, 2], "steps": [1, 1, 1], "squeeze": []},
+                                     suffix=f"last{d}", infos=[TensorInfo((1, batch, hidden), "float32")],
+                                     result=None)[0])
+            seq.append(_reversed(ctx, y, (t, batch, hidden), f"unreverse{d}") if reverse else y)
+        if used[0]:
+            info = TensorInfo((t, dirs, batch, hidden), "float32")
+            if dirs == 1:
+                ctx.emit("ExpandDims", seq, {"shape": list(info.shape)}, suffix="y", infos=[info])
+            else:
+                ctx.emit("Stack", seq, {"axis": 1}, suffix="y", infos=[info])
+        if used[1]:
+            if dirs == 1:
+                ctx.r.values[ctx.n.output[1]] = last[0]
+            else:
+                yh = ctx.emit("Concat", last, {"axis": 0}, suffix="y_h",
+                              infos=[TensorInfo((dirs, batch, hidden), "float32")], result=None)[0]
+                ctx.r.values[ctx.n.output[1]] = yh
+    return handler
+
+
 HANDLERS = {
     "Conv": _conv, "Gemm": _gemm, "MatMul": _matmul, "BatchNormalization": _batchnorm,
     "Relu": _unary("ReLU"), "Clip": _clip, "Sigmoid": _unary("Sigmoid"), "HardSwish": _unary("HSwish"),
@@ -537,8 +842,16 @@ HANDLERS = {
     "GlobalAveragePool": _global_pool("AdaptiveAvgPool2D"), "GlobalMaxPool": _global_pool("MaxPool"),
     "Flatten": _static_shape("Flatten"), "Reshape": _static_shape("Reshape"), "Squeeze": _static_shape("Squeeze"),
     "Unsqueeze": _static_shape("ExpandDims"), "Transpose": _transpose, "Softmax": _softmax,
-    "ReduceMean": _reduce_mean, "Pad": _pad, "Slice": _slice, "Resize": _resize,
+    "ReduceMean": _reduce("ReduceMean"), "Pad": _pad, "Slice": _slice, "Resize": _resize,
     "LayerNormalization": _layernorm, "Split": _split,
+    "ReduceSum": _reduce("ReduceSum"), "ReduceMax": _reduce("ReduceMax"), "ReduceMin": _reduce("ReduceMin"),
+    "LeakyRelu": _leaky_relu, "PRelu": _prelu, "Pow": _pow, "Max": _variadic("Maximum"), "Min": _variadic("Minimum"),
+    "Sum": _variadic("Add"), "Sqrt": _unary("Sqrt"), "Exp": _unary("Exp"), "Log": _unary("Log"), "Erf": _unary("Erf"),
+    "Neg": _unary("Neg"), "Abs": _unary("Abs"), "Reciprocal": _unary("Reciprocal"), "Tanh": _unary("Tanh"),
+    "Softplus": _unary("Softplus"), "ConvTranspose": _conv_transpose, "SpaceToDepth": _block("SpaceToDepth"),
+    "DepthToSpace": _block("DepthToSpace"), "Gather": _gather, "Expand": _expand, "Tile": _tile,
+    "LSTM": _recurrent("LSTM"), "GRU": _recurrent("GRU"), "Upsample": _upsample, "ScatterND": _scatter_nd,
+    "InstanceNormalization": _instance_norm,
 }
 
 

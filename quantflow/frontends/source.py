@@ -48,13 +48,16 @@ def read_model(cfg, graph_dir: Path):
 
 
 def _batched(run, x: np.ndarray, batch: int) -> np.ndarray:
+    """``run`` over ``x`` in chunks of the graph's batch; an output without a leading batch axis (a sequence
+    model's (T, batch, classes), read at batch 1) is taken whole per chunk, as the IR's Runner takes it."""
     out = []
     for s in range(0, len(x), batch):
         chunk = x[s:s + batch]
         real = len(chunk)
         if real < batch:
             chunk = np.concatenate([chunk, np.zeros((batch - real,) + chunk.shape[1:], np.float32)])
-        out.append(run(np.ascontiguousarray(chunk, np.float32))[:real])
+        y = run(np.ascontiguousarray(chunk, np.float32))
+        out.append(y[:real] if y.ndim and y.shape[0] == batch else y)
     return np.concatenate(out)
 
 
@@ -76,8 +79,9 @@ def onnxruntime_outputs(path: Path, x: np.ndarray, batch: int) -> np.ndarray:
     import onnxruntime as ort
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    feed = sess.get_inputs()[0].name
-    return _batched(lambda chunk: sess.run(None, {feed: chunk})[0], x, batch)
+    feed = sess.get_inputs()[0]
+    dtype = np.float16 if feed.type == "tensor(float16)" else np.float32   # a model exported in half precision
+    return _batched(lambda chunk: sess.run(None, {feed.name: chunk.astype(dtype)})[0].astype(np.float32), x, batch)
 
 
 def reference_outputs(cfg, graph_dir: Path, x: np.ndarray, batch: int) -> np.ndarray:

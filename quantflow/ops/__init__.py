@@ -8,7 +8,7 @@ def load_all() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        from . import activation, arith, layout, nn, quant  # noqa: F401
+        from . import activation, arith, deconv, layout, nn, quant, reduce, rnn  # noqa: F401
 
 
 __all__ = ["Const", "OpDef", "TensorList", "get", "register", "supported", "load_all"]

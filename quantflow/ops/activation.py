@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .registry import OpDef, register
 
 
@@ -57,3 +59,54 @@ register(OpDef("HSigmoid", _unary, _simple("HardSigmoid", alpha=1.0 / 6.0, beta=
 register(OpDef("Sigmoid", _unary, _simple("Sigmoid"), exact_in_fp16=False, to_mindspore=_ms("ops.Sigmoid()")))
 register(OpDef("SiLU", _unary, _silu_onnx, exact_in_fp16=False, to_mindspore=_silu_ms))
 register(OpDef("GeLU", _unary, _gelu_onnx, exact_in_fp16=False, to_mindspore=_ms("ops.GeLU()")))
+
+
+# ----------------------------------------------------------------------------- HardSigmoid, any slope
+# ONNX HardSigmoid(alpha, beta) = min(max(alpha x + beta, 0), 1); PaddlePaddle exports alpha 0.2 (its hardsigmoid
+# slope), where HSigmoid is alpha 1/6.  Written as its four float16 steps in every target (MindSpore has no
+# primitive for it): the device computes those, and a deploy MindIR read back (Muls, Add, Maximum, Minimum)
+# computes the same bit for bit.
+
+def _hard_sigmoid_from_mindir(ctx):
+    ctx.fail("HardSigmoid with any slope is not a MindSpore primitive (MindSpore writes it as Muls, Add, Maximum, "
+             "Minimum)")
+
+
+def _hard_sigmoid_onnx(node, b):
+    a = node.attrs
+    y = b.add("Add", [b.add("Mul", [node.inputs[0], b.const(np.float32(a["alpha"]), "alpha")]),
+                      b.const(np.float32(a["beta"]), "beta")])
+    b.add("Min", [b.add("Max", [y, b.const(np.float32(0.0), "zero")]), b.const(np.float32(1.0), "one")],
+          node.outputs[0])
+
+
+def _hard_sigmoid_ms(node, w):
+    a = node.attrs
+    return (f"ops.minimum(ops.maximum({w.x(node, 0)} * float({a['alpha']!r}) + float({a['beta']!r}), 0.0), "
+            f"1.0)")
+
+
+register(OpDef("HardSigmoid", _hard_sigmoid_from_mindir, _hard_sigmoid_onnx, to_mindspore=_hard_sigmoid_ms))
+
+
+# ----------------------------------------------------------------------------- Tanh, Softplus, PReLU
+
+register(OpDef("Tanh", _unary, _simple("Tanh"), exact_in_fp16=False, to_mindspore=_ms("ops.Tanh()")))
+register(OpDef("Softplus", _unary, _simple("Softplus"), exact_in_fp16=False, to_mindspore=_ms("ops.Softplus()")))
+
+
+def _prelu_from_mindir(ctx):
+    x = ctx.tensor(0)
+    return [x, ctx.tensor(1)], {"rank": len(ctx.shape(x))}
+
+
+def _prelu_onnx(node, b):
+    """MindSpore's PReLU: one slope per channel (axis 1), or one for all; ONNX's slope broadcasts from the right."""
+    rank = node.attrs["rank"]
+    shape = [-1] + [1] * (rank - 2)
+    b.add("PRelu", [node.inputs[0], b.add("Reshape", [node.inputs[1], b.const(np.array(shape, np.int64), "shape")])],
+          node.outputs[0])
+
+
+register(OpDef("PReLU", _prelu_from_mindir, _prelu_onnx,
+               to_mindspore=lambda n, w: f"{w.prim('ops.PReLU()')}({w.x(n, 0)}, {w.x(n, 1)})"))

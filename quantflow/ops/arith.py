@@ -43,3 +43,27 @@ def _function(ms_fn: str):
 # nn.LeakyReLU(a) is Maximum(x * a, x) in a MindIR (YOLOv3 / v4 / v7-tiny's activation)
 register(OpDef("Maximum", _binary, _simple("Max"), to_mindspore=_function("ops.maximum")))
 register(OpDef("Minimum", _binary, _simple("Min"), to_mindspore=_function("ops.minimum")))
+
+
+
+# ----------------------------------------------------------------------------- unary arithmetic
+# (LayerNorm written out by exporters: ReduceMean, Sub, Pow, Sqrt, Div; GELU as x * 0.5 * (1 + Erf(x / sqrt 2)))
+
+def _unary(ctx):
+    return [ctx.tensor(0)], {}
+
+
+def _unary_onnx(onnx_op: str):
+    return lambda n, b: b.add(onnx_op, n.inputs, n.outputs[0])
+
+
+def _prim(ms_prim: str):
+    return lambda n, w: f"{w.prim(ms_prim)}({w.x(n, 0)})"
+
+
+# Sqrt, Neg and Abs are correctly rounded in IEEE arithmetic (float32 then one rounding is the float16 result);
+# the transcendental ones are the device kernels' own approximations
+for _name, _onnx, _exact in (("Sqrt", "Sqrt", True), ("Neg", "Neg", True), ("Abs", "Abs", True),
+                             ("Reciprocal", "Reciprocal", True), ("Exp", "Exp", False), ("Log", "Log", False),
+                             ("Erf", "Erf", False)):
+    register(OpDef(_name, _unary, _unary_onnx(_onnx), exact_in_fp16=_exact, to_mindspore=_prim(f"ops.{_name}()")))

@@ -109,8 +109,15 @@ def _split_onnx(node, b):
 
 
 def _split_ms(node, w):
-    n = len(node.attrs["sizes"])
-    return f"{w.prim('ops.Split(%d, %d)' % (node.attrs['axis'], n))}({w.x(node, 0)})", n
+    sizes, axis = node.attrs["sizes"], node.attrs["axis"]
+    if len(set(sizes)) == 1:
+        return f"{w.prim('ops.Split(%d, %d)' % (axis, len(sizes)))}({w.x(node, 0)})", len(sizes)
+    # unequal parts (YOLOv8's DFL split 64 + classes): one slice each (MindSpore's Split makes equal parts)
+    x, lead, start, parts = w.x(node, 0), ":, " * axis, 0, []
+    for size in sizes:
+        parts.append(f"{x}[{lead}{start}:{start + size}]")
+        start += size
+    return f"({', '.join(parts)},)", len(sizes)
 
 
 register(OpDef("Split", _split_from_mindir, _split_onnx, num_outputs=lambda a: len(a["sizes"]), to_mindspore=_split_ms))
@@ -320,3 +327,52 @@ for _name, _mode in (("ResizeNearestNeighbor", "nearest"), ("ResizeNearestNeighb
                      ("ResizeBilinear", "linear"), ("ResizeBilinearV2", "linear")):
     register(OpDef(_name, _resize_from_mindir(_mode), _resize_onnx, exact_in_fp16=_mode == "nearest",
                    to_mindspore=_resize_ms))
+
+
+# ----------------------------------------------------------------------------- Gather (constant indices)
+
+def _gather_from_mindir(ctx):
+    x = ctx.tensor(0)
+    rank = len(ctx.shape(x))
+    return [x, ctx.indices(1)], {"axis": norm_axis(int(ctx.get(2, "axis", 0)), rank)}
+
+
+def _gather_ms(node, w):
+    return f"{w.prim('ops.Gather()')}({w.x(node, 0)}, {w.x(node, 1)}, {node.attrs['axis']})"
+
+
+register(OpDef("Gather", _gather_from_mindir,
+               lambda n, b: b.add("Gather", n.inputs, n.outputs[0], axis=n.attrs["axis"]), to_mindspore=_gather_ms))
+
+
+# ----------------------------------------------------------------------------- SpaceToDepth / DepthToSpace
+# (YOLOX's Focus stem after onnxruntime's optimizer; pixel shuffle).  MindSpore's, as TensorFlow's, are ONNX's
+# SpaceToDepth and DepthToSpace in "DCR" mode; "CRD" (PyTorch's pixel_shuffle) is written as Reshape / Transpose
+
+def _block_from_mindir(ctx):
+    if str(ctx.attr("data_format", ctx.attr("format", "NCHW"))).upper() not in ("NCHW", "0"):
+        ctx.fail("only NCHW is supported")
+    return [ctx.tensor(0)], {"block_size": int(ctx.attr("block_size")), "mode": "DCR"}
+
+
+def _s2d_onnx(node, b):
+    b.add("SpaceToDepth", node.inputs, node.outputs[0], blocksize=node.attrs["block_size"])
+
+
+def _d2s_onnx(node, b):
+    b.add("DepthToSpace", node.inputs, node.outputs[0], blocksize=node.attrs["block_size"], mode=node.attrs["mode"])
+
+
+def _d2s_ms(node, w):
+    k, x = node.attrs["block_size"], w.x(node, 0)
+    if node.attrs["mode"] == "DCR":
+        return f"{w.prim('ops.DepthToSpace(%d)' % k)}({x})"
+    n, c, h, wd = w.graph.tensors[node.outputs[0]].shape
+    reshape, transpose = w.prim("ops.Reshape()"), w.prim("ops.Transpose()")
+    y = f"{transpose}({reshape}({x}, {(n, c, k, k, h // k, wd // k)}), (0, 1, 4, 2, 5, 3))"
+    return f"{reshape}({y}, {(n, c, h, wd)})"
+
+
+register(OpDef("SpaceToDepth", _block_from_mindir, _s2d_onnx,
+               to_mindspore=lambda n, w: f"{w.prim('ops.SpaceToDepth(%d)' % n.attrs['block_size'])}({w.x(n, 0)})"))
+register(OpDef("DepthToSpace", _block_from_mindir, _d2s_onnx, to_mindspore=_d2s_ms))
