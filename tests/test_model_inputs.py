@@ -142,3 +142,20 @@ def test_init_refuses_an_already_quantized_model(tmp_path, capsys):
     assert main(["init", "--onnx", str(tmp_path / "q.onnx"), "-o", str(tmp_path / "q.toml")]) == 2
     err = capsys.readouterr().err
     assert "is already quantized" in err and "the float (FP32) model" in err and not (tmp_path / "q.toml").exists()
+
+
+def test_init_proposes_the_parts_of_a_yolo_head(tmp_path):
+    """An Ultralytics-style output [1, 4 + classes, anchors]: init proposes boxes 0:4 and scores 4: along axis 1,
+    each gated on its own, and the config it writes loads with them (issue 22)."""
+    from support import yolo_onnx
+
+    onnx.save(yolo_onnx.detector(), tmp_path / "det.onnx")
+    write_images(tmp_path / "calib", 4, yolo_onnx.SIZE, yolo_onnx.SIZE)
+    write_images(tmp_path / "eval", 4, yolo_onnx.SIZE, yolo_onnx.SIZE)
+    c = init(tmp_path, "--onnx", str(tmp_path / "det.onnx"), "--calib", str(tmp_path / "calib"),
+             "--eval", str(tmp_path / "eval"))
+    assert c["evaluation"]["metric"] == "outputs"
+    parts = c["evaluation"]["parts"]
+    assert {k: (v["output"], v["axis"], v["slice"]) for k, v in parts.items()} == {
+        "boxes": (yolo_onnx.OUTPUT, 1, "0:4"), "scores": (yolo_onnx.OUTPUT, 1, "4:")}
+    assert load_config(tmp_path / "quantflow.toml").evaluation.parts["scores"].slice == "4:"

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 from ..config import DEFAULT_CONFIG_NAME, load_config
 from ..errors import ConfigError, DataError
+from ..evaluation.parts import parts_toml, propose_parts
 
 TEMPLATE = """# quantflow configuration (written by `quantflow init`). Paths are relative to this file.
 # Every key: README.md, "Configuration". Lines marked EDIT hold defaults only you can check.
@@ -63,7 +64,7 @@ input_channel_order = "{frame_order}"   # EDIT: channel order of the frames the 
 [build]
 output_dir = "build"
 soc_version = "Ascend310P3"
-precision_mode = "allow_fp32_to_fp16"
+precision_mode = "force_fp16"    # what the INT8 emulation models (atc's default)
 # atc_args = []              # extra atc options, e.g. ["--buffer_optimize=l2_optimize"]
 
 [engine]
@@ -211,6 +212,17 @@ def _run_outputs(a, shape: list[int], classes: int | None) -> tuple[list[list[in
         return None, first
 
 
+def _output_names(a) -> list[str] | None:
+    """The names the gate gives the outputs of a model file (an ONNX file's declared outputs, a MindIR's by
+    position); None for a network built from an entry (its MindIR is exported by the build)."""
+    if a.onnx is not None:
+        import onnx
+        return [o.name for o in onnx.load(str(a.onnx), load_external_data=False).graph.output]
+    if a.mindir is not None:
+        return list(_mindir_graph(a.mindir).outputs)
+    return None
+
+
 def _entry_outputs(a, shape: list[int], classes: int | None) -> list[list[int]]:
     import numpy as np
     import mindspore as ms
@@ -290,6 +302,10 @@ def write_config(a) -> Path:
         calib=_rel(a.calib, base), count=count, count_note=f"; all {found} found there" if count == found else "",
         template="static_yuv400_u8.cfg" if shape[1] == 1 else "static_rgb888_u8.cfg",
         frame_order="GRAY" if shape[1] == 1 else "BGR")
+    names = _output_names(a) if outs is not None and not classifier else None
+    parts = parts_toml(propose_parts(list(zip(names, outs)))) if names and len(names) == len(outs) else ""
+    if parts:   # after the [evaluation] keys: it opens the [evaluation.parts] table
+        text = text.replace("# batch_size = 64\n", f"# batch_size = 64\n\n{parts}\n", 1)
     if per_class_min == 0:
         text = text.replace("per_class_min = 1            # at least this many of every class (or sub-folder group)",
                             f"per_class_min = 0            # EDIT: the folder holds {found} images for {classes} classes")
