@@ -148,9 +148,12 @@ def main(argv=None) -> None:
     ap.add_argument("--size", type=int, default=None, help="input height/width (default: per architecture)")
     ap.add_argument("--calib-per-class", type=int, default=4)
     ap.add_argument("--eval-per-class", type=int, default=4)
+    ap.add_argument("--calib-images", type=int, default=None, help="calibration images in all (instead of per class)")
+    ap.add_argument("--eval-images", type=int, default=None, help="held-out images in all (instead of per class)")
     ap.add_argument("--method", default="mse", choices=["minmax", "percentile", "kl", "mse"])
     a = ap.parse_args(argv)
-    toml = build_project(a.arch, a.out, a.size, a.calib_per_class, a.eval_per_class, a.method)
+    toml = build_project(a.arch, a.out, a.size, a.calib_per_class, a.eval_per_class, a.method,
+                         calib_images=a.calib_images, eval_images=a.eval_images)
     print(f"wrote {toml}; run: quantflow build {toml}")
 
 
