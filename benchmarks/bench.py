@@ -1,175 +1,232 @@
-"""Benchmark: quantflow against onnxruntime on the same graphs and images (one table, one run).
+"""Benchmark: the whole quantflow build against onnxruntime doing the same work, each as a fresh process.
 
-    python -m benchmarks.bench                       # DigitsNet, the MobileNetV2 demo, ResNet-18 at 224
-    python -m benchmarks.bench --models digits --images 200 --eval 359
+    python -m benchmarks.bench                                   # mbv2, resnet18 (224x224), yolov5n (416x416), digits
+    python -m benchmarks.bench --models mbv2 --calib 64 --eval 260 --repeat 3 --json out.json
 
-For each network (random weights: speed does not depend on them), exported from MindSpore at batch
-32 and read into quantflow's IR:
+For each model, ``benchmarks.zoo`` writes a quantflow project (untimed): the network with random weights as
+``model.mindir`` (mindcv's MobileNetV2 and ResNet-18 at 224x224, mindyolo's YOLOv5-n / YOLOv8-n at 416x416 gated
+on every output, the demo's DigitsNet at 32x32), ``--calib`` calibration and ``--eval`` held-out images (the
+digits, resized) and a ``quantflow.toml`` with the build's defaults (``mse`` ranges, 8 verification images, the
+per-layer analysis on 32 images, fallback off, one engine worker).  Speed does not depend on the weights.
+Then, ``--repeat`` rounds, each running in turn:
 
-- calibration: quantflow's Calibrater (minmax and kl) vs onnxruntime.quantization.quantize_static
-  (MinMax, QDQ, per-channel) on the same images in the same batches;
-- INT8 throughput: quantflow's bit-exact Ascend emulation vs onnxruntime running its own INT8 QDQ model;
-- FP32 throughput: the IR as ONNX in onnxruntime (throughputs: best of 3 interleaved rounds);
-- the default calibration (mse) plus the gate's FP32 and INT8 runs over the evaluation images, and the
-  per-layer sensitivity analysis;
-- the process's peak resident memory after each network.
+- **quantflow**: ``python -m quantflow.cli build quantflow.toml`` (what ``quantflow build`` runs) into an empty
+  output folder: Python start-up and imports, preflight (MindIR read, image checks, AIPP on 4 images), sampling
+  (every calibration image decoded and hashed), the graph stage (MindIR read, MindSpore's reference run on the
+  verification images, the IR's check, graph.onnx), calibrate (BatchNorm folding, the two calibration passes,
+  ``mse`` ranges, the INT8 parameters, the per-layer analysis, histograms), aipp (rendered and verified),
+  fallback ("off"), export (deploy.onnx, checked; the deploy MindIR through MindSpore; record.txt), atc
+  (skipped: no CANN here), the gate (FP32 and the INT8 emulation through AIPP on every held-out image, the text
+  and HTML reports with their plots) and the summary;
+- **onnxruntime**, once with Percentile and once with MinMax calibration: ``python -m benchmarks.ort_side``
+  (see there) on the build's ``graph.onnx`` and its sampled calibration images: Python start-up and imports,
+  the calibration images decoded and preprocessed, ``quant_pre_process`` (onnxruntime's BatchNorm folding and
+  shape inference), ``quantize_static`` (QDQ, per-channel), then every held-out image decoded and preprocessed
+  once and run through the FP32 and the INT8 model, compared by top-1 (classifiers) or by each output's cosine
+  (detectors).
+
+What only quantflow does (and is in its time): the MindSpore reference check, the AIPP config and its
+verification, the INT8 emulation of the Ascend arithmetic instead of onnxruntime's own INT8 kernels, the
+per-layer analysis, the deploy graphs (ONNX and MindIR), the reports.  What only onnxruntime does: its
+pre-processing.  Both sides use the same FP32 graph (batch size included), the same images, onnxruntime's
+default thread count, and one process each (quantflow's default ``engine.workers = 1``).
+
+Each run is measured from outside (``benchmarks.measure``): wall and CPU (user + system) seconds, and peak
+memory: the resident memory of the process and its children, summed, sampled every 50 ms (or the kernel's
+high-water mark of the largest process, where that is higher: a peak between two samples).  The ratios are
+quantflow / onnxruntime, computed pair by pair within each round (so a slower moment of a shared machine hits
+both sides of a pair) and given as the median (min-max) over the rounds; the per-stage table cuts quantflow's
+runs at doit's task lines.  Speeds are reported, never judged.
 """
 from __future__ import annotations
 
 import argparse
-import resource
+import json
+import os
+import shutil
+import statistics
+import sys
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
+from benchmarks.measure import measure, stages
 
-BATCH = 32
-MODELS = {  # name: (factory, input size, calibration images, evaluation images)
-    "digits": ("quantflow.demo.net:build", 32, 200, 359),
-    "mbv2": ("quantflow.demo.mbv2:build", 32, 200, 359),
-    "resnet18": ("mindcv:resnet18", 224, 256, 1000),
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = {  # name: (zoo architecture, input size, calibration images, held-out images)
+    "mbv2": ("mobilenet_v2_100", 224, 64, 260),
+    "resnet18": ("resnet18", 224, 64, 260),
+    "yolov5n": ("yolov5n", 416, 32, 32),
+    "yolov8n": ("yolov8n", 416, 32, 32),
+    "digits": ("digits", 32, 64, 260),
 }
+DEFAULT_MODELS = "mbv2,resnet18,yolov5n,digits"
+ORT_METHODS = ("Percentile", "MinMax")
 
 
-def _network(factory: str):
-    module, _, name = factory.partition(":")
-    if module == "mindcv":
-        from benchmarks.zoo import create
-        return create(name)
-    import importlib
-    return getattr(importlib.import_module(module), name)(num_classes=10)
+def _env() -> dict:
+    """quantflow and benchmarks importable from this checkout, whatever the working folder."""
+    return {"PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
-def _timed(fn):
-    t = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t
+def write_project(name: str, folder: Path, size: int | None = None, calib: int | None = None,
+                  evals: int | None = None) -> Path:
+    """The model's quantflow project in ``folder`` (its quantflow.toml)."""
+    from benchmarks.zoo import build_project
+
+    arch, default_size, n_cal, n_eval = MODELS[name]
+    return build_project(arch, folder, size=size or default_size, calib_images=calib or n_cal,
+                         eval_images=evals or n_eval, verify_images=None, data_root=ROOT)
 
 
-def _ort_quantize(fp32_onnx: Path, out: Path, batches: list[np.ndarray], input_name: str) -> float:
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, quantize_static
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter(batches)
-
-        def get_next(self):
-            x = next(self.it, None)
-            return None if x is None else {input_name: x}
-
-    _, seconds = _timed(lambda: quantize_static(str(fp32_onnx), str(out), Reader(), quant_format=QuantFormat.QDQ,
-                                                per_channel=True, calibrate_method=CalibrationMethod.MinMax))
-    return seconds
+def run_quantflow(toml: Path):
+    """``quantflow build`` of the project into an empty output folder, measured."""
+    shutil.rmtree(toml.parent / "build", ignore_errors=True)
+    run = measure([sys.executable, "-m", "quantflow.cli", "build", toml.name], cwd=toml.parent, env=_env())
+    if run.returncode != 0:
+        raise RuntimeError(f"quantflow build {toml} failed (exit {run.returncode}):\n{run.output[-4000:]}")
+    return run
 
 
-ROUNDS, ROUND_SECONDS = 5, 0.5
+def run_ort(toml: Path, graph: Path, method: str, out: Path):
+    """onnxruntime's side (``benchmarks.ort_side``) with ``method`` calibration, measured; its phases."""
+    run = measure([sys.executable, "-m", "benchmarks.ort_side", str(toml), str(graph), "--method", method,
+                   "--out", str(out)], cwd=toml.parent, env=_env())
+    if run.returncode != 0:
+        raise RuntimeError(f"onnxruntime side ({method}) failed (exit {run.returncode}):\n{run.output[-4000:]}")
+    return run, json.loads(run.lines[-1][1])
 
 
-def _throughputs(runs: dict, images: int) -> dict[str, float]:
-    """Images per second of each ``runs[name] = (run, batch)``, fed one batch at a time as the gate does:
-    the best of ``ROUNDS`` rounds, each run in a round repeated for at least ``ROUND_SECONDS`` (at most
-    ``images`` images), the runs interleaved within each round so that a busy moment on a shared machine
-    does not favour one of them."""
-    most = max(1, -(-images // BATCH))
-    for run, batch in runs.values():
-        run(batch)  # warm-up
-    best = {name: 0.0 for name in runs}
-    for _ in range(ROUNDS):
-        for name, (run, batch) in runs.items():
-            done, start = 0, time.perf_counter()
-            while done < most and (done == 0 or time.perf_counter() - start < ROUND_SECONDS):
-                run(batch)
-                done += 1
-            best[name] = max(best[name], done * BATCH / (time.perf_counter() - start))
-    return best
+def _figures(run) -> dict:
+    """Wall and CPU seconds; peak memory: the sampled peak of the tree's sum, or the high-water mark of its largest
+    process where that is higher (a peak between two samples)."""
+    return {"wall_s": run.wall_s, "cpu_s": run.user_s + run.sys_s,
+            "peak_mb": max(run.tree_rss_mb or 0.0, run.max_rss_mb or 0.0), "max_rss_mb": run.max_rss_mb,
+            "tree_rss_mb": run.tree_rss_mb}
 
 
-def bench_model(name: str, images: int | None, evals: int | None, workdir: Path) -> dict:
-    import onnx
-    import onnxruntime as ort
-
-    from quantflow.backends.export import export_mindir
-    from benchmarks.zoo import randomize
-    from quantflow.engine.runner import Runner, float_runner
-    from quantflow.engine.lowering import lower
-    from quantflow.engine.int8_emulator import Emulator
-    from quantflow.quantization.deploy import quantized_graph
-    from quantflow.frontends.mindir import read_mindir
-    from quantflow.quantization.calibrater import calibrate
-    from quantflow.quantization.passes import fold_for_quantization
-
-    factory, size, n_cal, n_eval = MODELS[name]
-    n_cal, n_eval = images or n_cal, evals or n_eval
-    mindir = export_mindir(randomize(_network(factory)), (BATCH, 3, size, size), workdir / f"{name}.mindir")
-    graph = read_mindir(mindir)
-    folded = fold_for_quantization(graph)
-    rng = np.random.default_rng(0)
-    cal = [rng.normal(size=(min(BATCH, n_cal - s), 3, size, size)).astype(np.float32) for s in range(0, n_cal, BATCH)]
-    cal_full = [np.concatenate([c, np.zeros((BATCH - len(c),) + c.shape[1:], np.float32)]) for c in cal]
-    x_eval = rng.normal(size=(BATCH, 3, size, size)).astype(np.float32)  # one batch, run n_eval / BATCH times
-
-    row = {"model": name, "input": f"{size}x{size}", "cal_images": n_cal, "eval_images": n_eval}
-    qp, row["qf_cal_minmax_s"] = _timed(lambda: calibrate(folded, cal, "minmax"))
-    _, row["qf_cal_kl_s"] = _timed(lambda: calibrate(folded, cal, "kl"))
-    _, row["qf_cal_mse_s"] = _timed(lambda: calibrate(folded, cal, "mse"))
-
-    fp32_path = workdir / f"{name}_fp32.onnx"
-    onnx.save(lower(fold_for_quantization(graph), "float32", input_name="x"), str(fp32_path))
-    qdq_path = workdir / f"{name}_qdq.onnx"
-    row["ort_cal_s"] = _ort_quantize(fp32_path, qdq_path, cal_full, "x")
-
-    emulator = Emulator(quantized_graph(folded, qp))
-    ort_int8 = Runner(onnx.load(str(qdq_path)), "x", BATCH)
-    fp32 = float_runner(graph)
-    ips = _throughputs({"qf_int8_ips": (emulator.logits, x_eval.astype(np.float16)), "ort_int8_ips": (ort_int8.run, x_eval),
-                        "fp32_ips": (fp32.run, x_eval)}, n_eval)
-    row.update(ips)
-    from quantflow.config import QuantizationSection
-    from quantflow.quantization.sensitivity import analyse
-    n_sens = QuantizationSection().sensitivity_images
-    _, row["sensitivity_s"] = _timed(lambda: analyse(folded, qp, [c[:n_sens] for c in cal[:-(-n_sens // BATCH)]]))
-    # what the calibrate and gate stages compute by default: mse calibration, FP32 and INT8 over the
-    # evaluation images; and the per-layer analysis (default image count) on top
-    row["cal_gate_s"] = row["qf_cal_mse_s"] + n_eval / row["qf_int8_ips"] + n_eval / row["fp32_ips"]
-    row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    row["ort_threads"] = ort.SessionOptions().intra_op_num_threads or "default"
+def bench_model(name: str, workdir: Path, size: int | None = None, calib: int | None = None,
+                evals: int | None = None, repeat: int = 1, log=print) -> dict:
+    """Every run of one model: {"quantflow": [figures + stages], "ort": {method: [figures + phases]}, ...}."""
+    toml = write_project(name, workdir / name, size, calib, evals)
+    row = {"model": name, "arch": MODELS[name][0], "quantflow": [], "ort": {m: [] for m in ORT_METHODS}}
+    for r in range(repeat):
+        qf = run_quantflow(toml)
+        latest = json.loads((toml.parent / "build" / "latest.json").read_text())
+        row["quantflow"].append({**_figures(qf), "stages": stages(qf)})
+        log(f"{name} round {r + 1}/{repeat}: quantflow build {qf.wall_s:.1f} s, peak {_figures(qf)['peak_mb']:.0f} MB")
+        graph = workdir / f"{name}.graph.onnx"
+        shutil.copyfile(latest["graph_onnx"], graph)
+        for method in ORT_METHODS:
+            run, result = run_ort(toml, graph, method, workdir / f"{name}.{method}.onnx")
+            row["ort"][method].append({**_figures(run), **result})
+            log(f"{name} round {r + 1}/{repeat}: onnxruntime {method} {run.wall_s:.1f} s, "
+                f"peak {_figures(run)['peak_mb']:.0f} MB")
+    manifest = json.loads((toml.parent / "build" / "calibration" / "manifest.json").read_text())
+    row.update(input=_input_size(toml), calib_images=len(manifest["images"]),
+               eval_images=row["ort"][ORT_METHODS[0]][0]["images"], gate=latest["gate"])
     return row
 
 
+def _input_size(toml: Path) -> str:
+    import tomllib
+    _, _, h, w = tomllib.loads(toml.read_text())["model"]["input_shape"]
+    return f"{h}x{w}"
+
+
+def _stat(values: list[float]) -> tuple[float, float, float]:
+    return min(values), statistics.median(values), max(values)
+
+
+def summary(row: dict) -> dict:
+    """Min / median / max of each figure over the rounds, and the pairwise ratios."""
+    qf = row["quantflow"]
+    out = {"quantflow": {k: _stat([r[k] for r in qf]) for k in ("wall_s", "cpu_s", "peak_mb")}, "ort": {},
+           "ratio": {}, "cpu_ratio": {}}
+    for m, runs in row["ort"].items():
+        out["ort"][m] = {k: _stat([r[k] for r in runs]) for k in ("wall_s", "cpu_s", "peak_mb")}
+        out["ratio"][m] = _stat([q["wall_s"] / o["wall_s"] for q, o in zip(qf, runs)])
+        out["cpu_ratio"][m] = _stat([q["cpu_s"] / o["cpu_s"] for q, o in zip(qf, runs)])
+    names = list(dict.fromkeys(k for r in qf for k in r["stages"]))
+    out["stages"] = {k: {"s": _stat([r["stages"].get(k, {"s": 0.0})["s"] for r in qf]),
+                         "rss_mb": max(r["stages"].get(k, {"rss_mb": 0.0})["rss_mb"] for r in qf)} for k in names}
+    return out
+
+
+def _mm(t: tuple[float, float, float], fmt: str = ".1f") -> str:
+    return f"{t[0]:{fmt}}/{t[1]:{fmt}}"
+
+
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'model':<9} {'input':>7} {'cal img':>7} | {'qf minmax s':>11} {'qf kl s':>8} {'qf mse s':>8} {'ort s':>7} "
-            f"{'ratio':>6} | {'qf int8 img/s':>13} {'ort int8 img/s':>14} {'ratio':>6} | {'fp32 img/s':>10} "
-            f"| {'cal+gate s':>10} {'sensitivity s':>13} | {'peak RSS MB':>11}")
+    """One line per model: times (min/median s), the pairwise ratios (median, min-max), peak memory (MB)."""
+    head = (f"{'model':<9} {'input':>7} {'cal':>4} {'eval':>4} | {'quantflow s':>11} {'ort Pct s':>10} "
+            f"{'ort MinMax s':>12} | {'qf/ort Pct':>16} {'qf/ort MinMax':>16} | {'qf MB':>6} {'Pct MB':>6} "
+            f"{'MinMax MB':>9} | {'qf CPU s':>8} {'CPU/Pct':>7}")
     lines = [head, "-" * len(head)]
-    for r in rows:
+    for row in rows:
+        s = summary(row)
+        q, o = s["quantflow"], s["ort"]
+
+        def ratio(m):
+            r = s["ratio"][m]
+            return f"{r[1]:.2f}x ({r[0]:.2f}-{r[2]:.2f})"
         lines.append(
-            f"{r['model']:<9} {r['input']:>7} {r['cal_images']:>7} | {r['qf_cal_minmax_s']:>11.2f} "
-            f"{r['qf_cal_kl_s']:>8.2f} {r['qf_cal_mse_s']:>8.2f} {r['ort_cal_s']:>7.2f} {r['qf_cal_minmax_s'] / r['ort_cal_s']:>5.2f}x | "
-            f"{r['qf_int8_ips']:>13.0f} {r['ort_int8_ips']:>14.0f} {r['qf_int8_ips'] / r['ort_int8_ips']:>5.2f}x | "
-            f"{r['fp32_ips']:>10.0f} | {r['cal_gate_s']:>10.1f} {r['sensitivity_s']:>13.1f} | "
-            f"{r['peak_rss_mb']:>11.0f}")
-    lines.append("ratio: quantflow minmax calibration time / onnxruntime quantize_static time (lower is better); "
-                 "quantflow INT8 emulation throughput / onnxruntime INT8 QDQ throughput (higher is better); "
-                 "cal+gate: the default (mse) calibration + FP32 and INT8 emulation over the evaluation images "
-                 "(image decoding and AIPP not included); sensitivity: the per-layer analysis on the default "
-                 "quantization.sensitivity_images calibration images")
+            f"{row['model']:<9} {row['input']:>7} {row['calib_images']:>4} {row['eval_images']:>4} | "
+            f"{_mm(q['wall_s']):>11} {_mm(o['Percentile']['wall_s']):>10} {_mm(o['MinMax']['wall_s']):>12} | "
+            f"{ratio('Percentile'):>16} {ratio('MinMax'):>16} | {q['peak_mb'][1]:>6.0f} "
+            f"{o['Percentile']['peak_mb'][1]:>6.0f} {o['MinMax']['peak_mb'][1]:>9.0f} | "
+            f"{q['cpu_s'][1]:>8.1f} {s['cpu_ratio']['Percentile'][1]:>6.2f}x")
+    n = max(len(r["quantflow"]) for r in rows)
+    lines.append(f"times: min/median over {n} round(s), each a fresh process; ratios: quantflow / onnxruntime pair by "
+                 f"pair within a round, median (min-max); MB: peak resident memory of the process tree (median); "
+                 f"CPU: user + system seconds (median), CPU/Pct their ratio against onnxruntime Percentile")
+    return "\n".join(lines)
+
+
+def format_stages(rows: list[dict]) -> str:
+    """quantflow's build cut at doit's task lines (median seconds / peak MB of each stage), and onnxruntime's
+    phases (median seconds)."""
+    lines = ["quantflow build per stage (median s / peak MB); onnxruntime per phase (median s):"]
+    for row in rows:
+        st = summary(row)["stages"]
+        lines.append(f"{row['model']} ({row['input']}) quantflow: " + ", ".join(
+            f"{k} {v['s'][1]:.1f}/{v['rss_mb']:.0f}" for k, v in st.items() if v["s"][1] >= 0.05))
+        for m, runs in row["ort"].items():
+            phases = list(runs[0]["phases"])
+            lines.append(f"{row['model']} ({row['input']}) onnxruntime {m}: " + ", ".join(
+                f"{k} {statistics.median(r['phases'][k] for r in runs):.1f}" for k in phases))
     return "\n".join(lines)
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
-    ap.add_argument("--images", type=int, default=None, help="calibration images (default per model)")
-    ap.add_argument("--eval", type=int, default=None, help="images for the throughput runs (default per model)")
+    ap.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated, from {', '.join(MODELS)}")
+    ap.add_argument("--calib", type=int, default=None, help="calibration images (default per model: 64, detectors 32)")
+    ap.add_argument("--eval", type=int, default=None, help="held-out images (default per model: 260, detectors 32)")
+    ap.add_argument("--size", type=int, default=None, help="input height and width (default per model)")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds (each: quantflow, ort Percentile, ort MinMax)")
+    ap.add_argument("--workdir", type=Path, default=None, help="keep the projects and models here (default: a "
+                                                               "temporary folder)")
+    ap.add_argument("--json", type=Path, default=None, help="write every run's figures here")
+    ap.add_argument("--report", type=Path, default=None, help="print the tables of a --json file, running nothing")
     a = ap.parse_args(argv)
+    if a.report:
+        rows = json.loads(a.report.read_text())
+        print(format_table(rows))
+        print()
+        print(format_stages(rows))
+        return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        workdir = a.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
         for name in a.models.split(","):
-            rows.append(bench_model(name.strip(), a.images, a.eval, Path(tmp)))
-            print(format_table(rows[-1:]).splitlines()[2], flush=True)
-    print()
+            rows.append(bench_model(name.strip(), workdir, a.size, a.calib, a.eval, a.repeat,
+                                    log=lambda text: print(text, file=sys.stderr, flush=True)))
+            if a.json:
+                a.json.write_text(json.dumps(rows, indent=1))
     print(format_table(rows))
+    print()
+    print(format_stages(rows))
 
 
 if __name__ == "__main__":

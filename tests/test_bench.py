@@ -1,12 +1,50 @@
-"""The benchmark runs end to end (small sizes); its figures are reported, never asserted as speeds."""
-from benchmarks import bench
+"""The benchmark runs end to end on a small configuration; its figures are reported, never asserted as speeds."""
+import json
+import sys
+
+import pytest
+
+from benchmarks import bench, measure
 
 
-def test_benchmark_runs_and_reports_every_column(tmp_path):
-    row = bench.bench_model("digits", images=64, evals=64, workdir=tmp_path)
-    for key in ("qf_cal_minmax_s", "qf_cal_kl_s", "ort_cal_s", "qf_int8_ips", "ort_int8_ips", "fp32_ips",
-                "qf_cal_mse_s", "sensitivity_s", "cal_gate_s", "peak_rss_mb"):
-        assert row[key] > 0, key
-    assert (tmp_path / "digits_qdq.onnx").is_file()  # onnxruntime's own INT8 model of the same graph
+def test_measure_times_a_process_and_cuts_doit_output_into_tasks(tmp_path):
+    script = ("import time\nprint('startup')\nprint('.  one', flush=True)\ntime.sleep(0.3)\nx = bytearray(64 << 20)\n"
+              "print('-- two', flush=True)\ntime.sleep(0.3)\n")
+    run = measure.measure([sys.executable, "-c", script], cwd=tmp_path, interval=0.02)
+    assert run.returncode == 0 and [t for _, t in run.lines] == ["startup", ".  one", "-- two"]
+    assert run.wall_s >= 0.6 and run.max_rss_mb >= 64 and run.tree_rss_mb >= 64
+    st = measure.stages(run)
+    assert list(st) == ["startup", "one", "two"]
+    assert st["one"]["s"] >= 0.3 and st["two"]["s"] >= 0.3
+    assert abs(sum(v["s"] for v in st.values()) - run.wall_s) < 1e-6
+    assert st["two"]["rss_mb"] >= 64
+
+
+def test_measure_counts_the_child_not_the_parent_and_catches_a_short_peak(tmp_path):
+    import numpy as np
+
+    parent = np.ones(256 << 17)   # 256 MB resident here, in the measuring process
+    small = measure.measure([sys.executable, "-c", "pass"], cwd=tmp_path)
+    assert small.max_rss_mb < 128, small.max_rss_mb   # os.wait4's ru_maxrss would count the parent's 256 MB
+    peak = measure.measure([sys.executable, "-c", "import time; a = bytearray(200 << 20); del a; time.sleep(0.5)"],
+                           cwd=tmp_path, interval=0.2)   # the 200 MB live for far less than the sampling interval
+    assert peak.max_rss_mb >= 200 and parent.sum() > 0
+
+
+@pytest.mark.slow
+def test_benchmark_builds_both_sides_and_reports_every_figure(tmp_path):
+    row = bench.bench_model("digits", tmp_path, calib=12, evals=20, repeat=1, log=lambda _: None)
+    assert row["calib_images"] == 12 and row["eval_images"] == 20 and row["gate"]["passed"]
+    (qf,) = row["quantflow"]
+    assert qf["wall_s"] > 0 and qf["cpu_s"] > 0 and qf["peak_mb"] > 0
+    assert {"preflight", "sample", "graph", "calibrate", "gate", "summary"} <= set(qf["stages"])
+    for method in bench.ORT_METHODS:
+        (o,) = row["ort"][method]
+        assert o["method"] == method and o["images"] == 20 and o["wall_s"] > 0 and o["peak_mb"] > 0
+        assert {"calib", "prepare", "quantize", "evaluate"} <= set(o["phases"])
+        assert 0 <= o["fp32_top1"] <= 1 and -1 <= o["least_cosine"] <= 1
+        assert (tmp_path / f"digits.{method}.onnx").is_file()   # onnxruntime's own INT8 QDQ model
     table = bench.format_table([row])
-    assert table.splitlines()[2].startswith("digits") and "x |" in table
+    assert table.splitlines()[2].startswith("digits") and "x (" in table
+    assert "calibrate" in bench.format_stages([row])
+    json.dumps(row)   # --json writes it
