@@ -51,7 +51,7 @@ class ModelSection(_Section):
     num_classes: Optional[int] = Field(
         default=None, gt=1, description="classes of the classification output (needed by evaluation.metric = "
                                         "\"top1\"); passed to model.entry when it takes num_classes")
-    verify_images: int = Field(default=8, gt=0, le=256,
+    verify_images: int = Field(default=2, gt=0, le=256,
                                description="calibration images on which the graph IR is checked against MindSpore")
     verify_tolerance: float = Field(default=1e-3, gt=0.0, description="largest allowed |IR - MindSpore| relative "
                                                                       "to the largest |output|")
@@ -136,7 +136,9 @@ class CalibrationSection(_Section):
     kl_max_clipped: float = Field(default=0.01, ge=0.0, le=1.0,
                                   description="largest fraction of values the kl range may clip (1 = plain KL)")
     histogram_bins: int = Field(default=2048, ge=256, le=16384)
-    batch_size: int = Field(default=32, gt=0)
+    # the observers see every quantized op's input for a whole batch at once: 8 keeps that in a few hundred MB at
+    # 416x416 (the ranges and histograms do not depend on it)
+    batch_size: int = Field(default=8, gt=0)
     on_bad_image: Literal["error", "skip"] = Field(
         default="error", description="unreadable / wrong-size images fail the build, or are skipped and listed")
 
@@ -151,6 +153,9 @@ class QuantizationSection(_Section):
     fallback: Literal["off", "auto"] = Field(
         default="off", description="auto: roll the most sensitive ops back to float16 until the gate passes")
     max_fallback: int = Field(default=5, ge=0, description="most ops fallback = 'auto' may roll back")
+    sensitivity: Literal["auto", "always"] = Field(
+        default="auto", description="when the per-layer analysis runs: auto: for fallback = 'auto' and for a failing "
+                                    "gate (to name the layers to try); always: in every build, for the report")
     sensitivity_images: int = Field(default=32, gt=0, description="calibration images for the per-layer analysis")
 
 

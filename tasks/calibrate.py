@@ -1,6 +1,7 @@
 """calibrate: BatchNorm folded; observers on the input of every quantized op, two passes over the calibration
-images (ranges, then histograms); the Ascend INT8 parameters (``qparams``, bias-corrected if asked); the
-observers' histograms; the per-layer error analysis (``sensitivity.json``)."""
+images (ranges, then histograms); the Ascend INT8 parameters (``qparams``, bias-corrected if asked: that runs the
+per-layer analysis's one-op runs here); the observers' histograms.  The per-layer analysis itself is the
+``sensitivity`` stage's."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,13 +10,13 @@ import numpy as np
 
 from quantflow.engine import shard
 from quantflow.errors import ConfigError, UnsupportedNetworkError
-from quantflow.io.atomic import save_npz, write_json, write_text
+from quantflow.io.atomic import save_npz, write_text
 from quantflow.quantization.qparams import QPARAMS_JSON, QPARAMS_NPZ
 
 from .inputs import image_batches, read_graph
 from .stage import Stage
 
-CALIBRATION_TXT, SENSITIVITY_JSON, HISTOGRAMS_NPZ = "calibration.txt", "sensitivity.json", "histograms.npz"
+CALIBRATION_TXT, HISTOGRAMS_NPZ = "calibration.txt", "histograms.npz"
 
 
 def _check_patterns(nodes, cfg) -> None:
@@ -31,9 +32,9 @@ def _check_patterns(nodes, cfg) -> None:
 
 
 def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path], graph_dir: Path):
-    """Ranges and INT8 parameters (``qparams``), the observers' histograms, and the per-layer error
-    analysis (``sensitivity.json``; with ``quantization.bias_correction`` the biases are corrected by it
-    first)."""
+    """Ranges and INT8 parameters (``qparams``; with ``quantization.bias_correction`` the biases corrected by the
+    mean output shift each op alone in INT8 shows on the first ``quantization.sensitivity_images`` images) and
+    the observers' histograms."""
     from quantflow.frontends.source import model_file
     from quantflow.quantization.calibrater import calibrate_with, quantizable_nodes
     from quantflow.quantization.passes import fold_for_quantization
@@ -49,23 +50,18 @@ def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path], graph_dir: P
         kept = f"; every one is left in float16:\n{qp.float16_table()}" if qp.float16 else ""
         raise UnsupportedNetworkError(f"{model_file(cfg, graph_dir)}: no Conv2D or MatMul with constant weights is "
                                       f"left to quantize in INT8{kept}")
-    sample = image_batches(cfg, calibration_paths[:q.sensitivity_images], k.batch_size)
     if q.bias_correction:
+        sample = image_batches(cfg, calibration_paths[:q.sensitivity_images], k.batch_size)
+        print(f"bias correction: {len(qp.ops)} ops, each alone in INT8, {shard.where(cfg.engine)}")
         qp = correct_bias(qp, analyse(graph, qp, sample, bias_shift=True, engine=cfg.engine).bias_shift)
-    print(f"per-layer analysis: {len(qp.ops)} ops, {shard.where(cfg.engine)}")
-    sensitivity = analyse(graph, qp, sample, engine=cfg.engine)
     qp.save(kdir)
-    write_json(kdir / SENSITIVITY_JSON, sensitivity.as_dict())
     save_npz(kdir / HISTOGRAMS_NPZ, {f"{i}.{name}": v for i, op in enumerate(qp.ops)
                                      for name, v in _histogram(cal.observers[op.input]).items()})
     table = qp.table()
     if qp.float16:
         table += f"\nleft in float16 on the device ({len(qp.float16)}):\n{qp.float16_table()}"
-    write_text(Path(kdir, CALIBRATION_TXT),
-               f"method {k.method}, {len(batches)} images, {len(qp.ops)} INT8 ops\n{table}\n\n"
-               f"per-layer sensitivity on {sensitivity.images} calibration images (most sensitive first)\n"
-               f"{sensitivity.table()}\n")
-    return qp, len(batches), table + "\nmost sensitive layers:\n" + sensitivity.table(5)
+    write_text(Path(kdir, CALIBRATION_TXT), f"method {k.method}, {len(batches)} images, {len(qp.ops)} INT8 ops\n{table}\n")
+    return qp, len(batches), table
 
 
 def _histogram(obs) -> dict:
@@ -95,12 +91,17 @@ def _run(b) -> None:
 
 def _key_inputs(b) -> dict:
     c = b.cfg.model_dump(mode="json")
-    return {"calibration": c["calibration"], "manifest": b.manifest_digest(), "normalization": c["normalization"],
-            "quantization": {k: v for k, v in c["quantization"].items() if k not in ("fallback", "max_fallback")}}
+    q = c["quantization"]
+    # what decides the parameters: not when the analysis runs; without bias correction, not its images, nor how
+    # the images are batched (the observers' ranges and histograms are the same for any batching)
+    corrected = q["bias_correction"]
+    unused = ("fallback", "max_fallback", "sensitivity") + (() if corrected else ("sensitivity_images",))
+    return {"calibration": {k: v for k, v in c["calibration"].items() if corrected or k != "batch_size"},
+            "manifest": b.manifest_digest(), "normalization": c["normalization"],
+            "quantization": {k: v for k, v in q.items() if k not in unused}}
 
 
 STAGE = Stage(
     name="calibrate", doc="observers on every quantized op's input, activation ranges, Ascend INT8 parameters",
     run=_run, needs=("sample", "graph"), key_inputs=_key_inputs,
-    outputs=(QPARAMS_JSON, QPARAMS_NPZ, CALIBRATION_TXT, SENSITIVITY_JSON, HISTOGRAMS_NPZ),
-    summary=lambda b: {"sensitivity": str(b.dir("calibrate") / SENSITIVITY_JSON)})
+    outputs=(QPARAMS_JSON, QPARAMS_NPZ, CALIBRATION_TXT, HISTOGRAMS_NPZ))

@@ -20,20 +20,13 @@ from quantflow.io.atomic import write_json
 from quantflow.io.digest import file_sha256, folder_digest
 from quantflow.quantization.qparams import QPARAMS_JSON, QPARAMS_NPZ, QuantParams
 
+from . import sensitivity
 from .aipp import read_params
-from .calibrate import SENSITIVITY_JSON
 from .inputs import evaluation_set, read_graph
 from .preflight import module_file
 from .stage import Stage
 
 FALLBACK_JSON = "fallback.json"
-SENSITIVITY_STAGE = "calibrate"   # the stage whose folder holds sensitivity.json
-
-
-def read_sensitivity(b) -> dict:
-    """The per-layer analysis (``sensitivity.json``) of build ``b``.  Every stage reads it here, so that moving the
-    analysis into a stage of its own changes this function (and the stages' needs) only."""
-    return json.loads((b.dir(SENSITIVITY_STAGE) / SENSITIVITY_JSON).read_text())
 
 
 def output_names(cfg, graph) -> dict | None:
@@ -128,7 +121,7 @@ def _auto(cfg) -> bool:
 def _run(b) -> None:
     c = b.cfg
     result = fallback_stage(c, b.dir("fallback"), b.dir("calibrate"), b.dir("graph"),
-                            b.dir("aipp") if _auto(c) else None, read_sensitivity(b) if _auto(c) else None)
+                            b.dir("aipp") if _auto(c) else None, sensitivity.read(b) if _auto(c) else None)
     if result["mode"] == "off":
         print("quantization.fallback = off: every calibrated op stays INT8")
     else:
@@ -197,5 +190,5 @@ def _summary(b) -> dict:
 STAGE = Stage(
     name="fallback", doc='the INT8 parameters used: as calibrated, or (fallback = "auto") the most sensitive ops in '
                          'float16, tuned on images the gate does not judge',
-    run=_run, needs=lambda cfg: ("graph", "calibrate") + (("aipp",) if _auto(cfg) else ()), key_inputs=_key_inputs,
+    run=_run, needs=lambda cfg: ("graph", "calibrate") + (("aipp", sensitivity.NAME) if _auto(cfg) else ()), key_inputs=_key_inputs,
     outputs=(QPARAMS_JSON, QPARAMS_NPZ, FALLBACK_JSON), summary=_summary)

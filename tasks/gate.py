@@ -16,9 +16,10 @@ from quantflow.errors import AccuracyGateError, DataError
 from quantflow.io.atomic import write_json, write_text
 from quantflow.quantization.qparams import QuantParams
 
+from . import sensitivity as analysis
 from .aipp import read_params
 from .calibrate import load_histograms
-from .fallback import FALLBACK_JSON, evaluation_inputs, output_names, read_sensitivity, tuning_and_gate_sets
+from .fallback import FALLBACK_JSON, evaluation_inputs, output_names, tuning_and_gate_sets
 from .inputs import read_graph
 from .stage import Stage
 
@@ -27,7 +28,10 @@ ADVICE_LAYERS = 5   # the most sensitive layers a failing gate names
 
 
 def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_dir: Path, aipp_dir: Path,
-               sensitivity: dict) -> dict:
+               sensitivity) -> dict:
+    """The verdict, its reports, and on a failure an AccuracyGateError naming the layers to try.  ``sensitivity``:
+    ``() -> dict | None``, the per-layer analysis if it has run; ``(True) -> dict`` runs it when it has not (a
+    failing gate's message and report name the most sensitive layers)."""
     from quantflow.evaluation.metrics import metric
     from quantflow.quantization.passes import fold_for_quantization
     from quantflow.report import html
@@ -54,13 +58,16 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
         report.update(tuning=tuning, judged=list(ev.names))
     write_json(kdir / REPORT_JSON, report, sort_keys=False)
     write_text(kdir / REPORT_TXT, format_table(report) + "\n")
-    html.write(kdir / REPORT_HTML, f"quantflow build report: {cfg.model.entry or cfg.model.mindir or cfg.model.onnx}",
-               report, sensitivity, load_histograms(calibrate_dir, QuantParams.load(calibrate_dir)), fallback)
     print(format_table(report))
-    print(f"build report: {kdir / REPORT_HTML}")
     failure = m.failure(report)
     if failure:
-        raise AccuracyGateError(f"{failure}{_advice(sensitivity, qp, cfg)} (report: {kdir / REPORT_HTML})")
+        print(f"gate: {failure}")
+    layers = sensitivity(bool(failure))
+    html.write(kdir / REPORT_HTML, f"quantflow build report: {cfg.model.entry or cfg.model.mindir or cfg.model.onnx}",
+               report, layers, load_histograms(calibrate_dir, QuantParams.load(calibrate_dir)), fallback)
+    print(f"build report: {kdir / REPORT_HTML}")
+    if failure:
+        raise AccuracyGateError(f"{failure}{_advice(layers, qp, cfg)} (report: {kdir / REPORT_HTML})")
     return report
 
 
@@ -116,12 +123,12 @@ def _summary(b) -> dict:
     verdict = m.verdict(report) + (f"; {report['precision_note']}" if report.get("precision_note") else "")
     return {"gate": {"passed": report["passed"], "metric": m.name, "verdict": verdict,
                      **{k: report[k] for k in m.summary_keys if k in report}},
-            "accuracy_report": str(d / REPORT_TXT), "report": str(d / REPORT_HTML)}
+            "accuracy_report": str(d / REPORT_TXT), "report": str(d / REPORT_HTML), "sensitivity": analysis.path(b)}
 
 
 STAGE = Stage(
     name="gate", doc="INT8 emulation vs FP32 on held-out images; fails beyond the evaluation limits",
     run=lambda b: gate_stage(b.cfg, b.dir("gate"), b.dir("graph"), b.dir("calibrate"), b.dir("fallback"),
-                             b.dir("aipp"), read_sensitivity(b)),
-    needs=("graph", "calibrate", "fallback", "aipp"), key_inputs=_key_inputs,
+                             b.dir("aipp"), lambda run=False: analysis.ensure(b) if run else analysis.read(b)),
+    needs=("graph", "calibrate", analysis.NAME, "fallback", "aipp"), key_inputs=_key_inputs,
     outputs=(REPORT_JSON, REPORT_TXT, REPORT_HTML), summary=_summary)

@@ -227,7 +227,7 @@ def test_a_detector_project_is_gated_on_every_output(tmp_path):
     limit = tuned_least + (1 - tuned_least) / 2
     rolled, fallback, gate, dirs = fallback_build("fallback.toml", limit, 7)
     steps, tuned = fallback["steps"], fallback["tuning"]["names"]
-    sensitivity = json.loads((dirs["calibrate"] / "sensitivity.json").read_text())
+    sensitivity = json.loads((dirs["sensitivity"] / "sensitivity.json").read_text())
     assert not steps[0]["passed"] and steps[0]["least_cosine"] == tuned_least and len(steps) >= 2
     assert steps[-1]["passed"] and steps[-1]["least_cosine"] >= limit and steps[-1]["failures"] == []
     for before, after in zip(steps, steps[1:]):

@@ -32,7 +32,8 @@ KILL_POINTS = [
     ("/graph/", "before"),                       # graph: its first file (model.mindir)
     (".graph.done", "before"),                   # graph: everything written but the marker
     ("histograms.npz", "before"),                # calibrate
-    ("sensitivity.json", "after"),               # calibrate: a file in place, the stage unfinished
+    ("calibration.txt", "after"),                # calibrate: a file in place, the stage unfinished
+    ("sensitivity.json", "after"),               # sensitivity (quantization.sensitivity = "always")
     ("/aipp/", "before"),                        # aipp
     ("fallback.json", "before"),                 # fallback
     ("deploy.onnx", "after"),                    # export
@@ -59,7 +60,7 @@ def _project(root: Path) -> Path:
     for old, new in QUICK.items():
         assert old in text, old
         text = text.replace(old, new)
-    (project / "quantflow.toml").write_text(text + "\n[quantization]\nsensitivity_images = 16\n")
+    (project / "quantflow.toml").write_text(text + '\n[quantization]\nsensitivity = "always"\nsensitivity_images = 16\n')
     return project
 
 

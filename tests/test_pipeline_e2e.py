@@ -9,6 +9,7 @@ from support.project import run_doit, task_lines
 
 from quantflow import aipp_templates
 
+# the demo's tasks: no "sensitivity" (fallback off: only a failing gate runs the per-layer analysis)
 ALL = ["preflight", "train", "sample", "graph", "calibrate", "fallback", "export", "aipp", "atc", "gate", "summary"]
 KEYED = ["graph", "calibrate", "fallback", "export", "aipp", "atc", "gate"]
 
@@ -23,13 +24,13 @@ def test_first_run_executes_every_stage(built_demo):
     out = proc.stdout
     assert "SKIPPED AIR export" in out and "Ascend backend" in out
     assert "exported INT8 deploy graph (2 AscendQuant/AscendDequant pairs)" in out  # the convolutions: float16
-    assert "IR float output matches MindSpore on 8 calibration images" in out
+    assert "IR float output matches MindSpore on 2 calibration images" in out
     assert "SKIPPED atc conversion for Ascend310P3" in out and "no .om was written" in out
     assert not list((project / "build").rglob("*.om"))
     s = latest(project)
     dirs = {stage: Path(d) for stage, d in s["artifacts"].items()}
     expected = {"graph": ["graph.json", "graph.onnx", "model.mindir"],
-                "calibrate": ["qparams.json", "qparams.npz", "sensitivity.json", "histograms.npz"],
+                "calibrate": ["qparams.json", "qparams.npz", "calibration.txt", "histograms.npz"],
                 "fallback": ["qparams.json", "qparams.npz", "fallback.json"],
                 "export": ["deploy.onnx", "deploy.mindir", "deploy_net.py", "record.txt", "model.mindir", "graph.onnx"],
                 "aipp": ["aipp.cfg", "aipp_check.json"], "atc": ["atc.json"],
@@ -46,6 +47,7 @@ def test_first_run_executes_every_stage(built_demo):
     assert [q["op"] for q in qparams["ops"]] == ["Conv2D", "Conv2D", "MatMul", "MatMul"]
     assert json.loads((dirs["fallback"] / "qparams.json").read_text()) == qparams  # fallback off: as calibrated
     assert s["float16_fallback"] == [] and s["report"] == str(dirs["gate"] / "report.html")
+    assert s["sensitivity"] is None and not (project / "build" / "artifacts" / "sensitivity").exists()  # passed
     assert f"build report: {s['report']}" in out
     assert s["gate"]["passed"] is True
     assert s["gate"]["fp32_top1"] >= 0.95  # the stated FP32 accuracy of the demo model
@@ -139,6 +141,12 @@ def test_broken_quantization_fails_the_gate(built_demo):
     report = next(p for p in (project / "build" / "artifacts" / "gate").glob("*/accuracy_report.json")
                   if not json.loads(p.read_text())["passed"])
     assert not (report.parent / ".gate.done").exists()
+    # the failing gate ran the per-layer analysis to name the layers to try, kept under its key like a stage's
+    analysis = next((project / "build" / "artifacts" / "sensitivity").glob("*/sensitivity.json"))
+    assert (analysis.parent / ".sensitivity.done").is_file()
+    worst = json.loads(analysis.read_text())["ranking"][0]
+    worst_scope = next(r["scope"] for r in json.loads(analysis.read_text())["ops"] if r["node"] == worst)
+    assert f"Most sensitive layers: {worst_scope} (output SQNR" in out
     # a failed gate is not cached: the next run evaluates (and fails) again
     again = run_doit(project, "config=broken.toml")
     assert again.returncode != 0 and task_lines(again.stdout)["gate"] == "ran"

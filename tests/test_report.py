@@ -244,6 +244,21 @@ def test_histograms_follow_the_ranking_and_skip_layers_without_one():
         "histogram Default/block0-Cell/Conv2D-op0"]
 
 
+def test_without_the_analysis_the_histograms_are_those_that_clip_the_most():
+    """A passing build that did not run the per-layer analysis (quantization.sensitivity = "auto"): the section
+    says so, and the histograms shown are the layers whose chosen clip leaves out the largest share of values."""
+    hist = histograms([f"node{i}" for i in range(N_OPS)])
+    for i, n in enumerate(hist):   # node i clips at +-(0.5 + 0.5 i): node0 clips the most, node6 the least
+        hist[n]["clip"] = (-0.5 - 0.5 * i, 0.5 + 0.5 * i)
+    rep = Report(render("m", gate_report(), None, hist, None))
+    assert "Not run: the gate passed" in rep.text("sensitivity") and not rep.sections["sensitivity"]["imgs"]
+    assert rep.sections["sensitivity"]["rows"] == []
+    assert "5 layers that clip the most calibration values" in rep.text("histograms")
+    assert [i["alt"] for i in rep.sections["histograms"]["imgs"]] == [
+        f"histogram Default/block{i}-Cell/Conv2D-op{i}" for i in range(5)]
+    assert "No histograms" in Report(render("m", gate_report(), None, {}, None)).text("histograms")
+
+
 def test_minmax_collects_no_histograms():
     rep = Report(render("m", gate_report(), sensitivity(), {}, None))
     assert rep.sections["histograms"]["imgs"] == []

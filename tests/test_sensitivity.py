@@ -145,7 +145,8 @@ def test_rows_agree_with_direct_runs(residual, analysed):
     got = Emulator(quantized_graph(folded, QuantParams(qp.method, [fc]))).logits(x.astype(np.float16))
     row = analysed.row(fc.node)
     assert row["output"]["sqnr_db"] == pytest.approx(sqnr_db(ref, got), rel=1e-6)
-    assert row["output"]["cosine"] == pytest.approx(cosine(ref, got), rel=1e-9)
+    # products in float32 (sums in float64): agreement to 1e-7, where the report shows 5 decimals
+    assert row["output"]["cosine"] == pytest.approx(cosine(ref, got), rel=1e-7)
     # its own output is the network output, so "alone" is "output"
     assert row["alone"] == row["output"]
     # the first op reads the network input: with every op in INT8 its output is the same as alone

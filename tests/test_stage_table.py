@@ -55,6 +55,23 @@ def test_an_unused_stage_stands_for_what_it_needs(tmp_path):
     assert without.needs(STAGES["sample"]) == ["preflight"] and without.needs(STAGES["graph"]) == ["preflight", "sample"]
 
 
+@pytest.mark.parametrize("quantization,used", [({}, False), ({"fallback": "auto"}, True),
+                                                ({"sensitivity": "always"}, True)])
+def test_the_per_layer_analysis_is_a_stage_only_where_every_build_needs_it(tmp_path, quantization, used):
+    b = Build(_cfg(tmp_path, quantization=quantization))
+    assert ("sensitivity" in [s.name for s in b.stages()]) == used
+    assert ("sensitivity" in b.needs(STAGES["gate"])) == used and "calibrate" in b.needs(STAGES["gate"])
+    assert ("sensitivity" in b.needs(STAGES["fallback"])) == (quantization.get("fallback") == "auto")
+
+
+def test_when_the_analysis_runs_does_not_change_the_calibration(tmp_path):
+    keys = {Build(_cfg(tmp_path, quantization=q, calibration=c)).key("calibrate") for q, c in [({}, {}), ({"sensitivity": "always", "sensitivity_images": 8}, {}), ({}, {"batch_size": 4})]}
+    assert len(keys) == 1
+    corrected = {Build(_cfg(tmp_path, quantization={"bias_correction": True, "sensitivity_images": n})).key("calibrate")
+                 for n in (8, 16)}
+    assert len(corrected) == 2   # bias correction measures its shifts on those images
+
+
 def test_a_stage_added_to_the_table_gets_a_task_a_key_and_a_folder(tmp_path, monkeypatch):
     extra = Stage(name="extra", doc="a stage added for the test", run=lambda b: None, needs=("aipp",),
                   key_inputs=lambda b: {"setting": 1}, outputs=("extra.json",))

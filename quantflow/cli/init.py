@@ -28,7 +28,7 @@ TEMPLATE = """# quantflow configuration (written by `quantflow init`). Paths are
 input_shape = {input_shape}   # N, C, H, W the network takes{shape_note}
 input_name = "{input_name}"    # the graph input's name (atc --input_shape)
 {classes_line}
-# verify_images = 8          # calibration images on which the graph IR is checked against the source runtime
+# verify_images = 2          # calibration images on which the graph IR is checked against the source runtime
 # verify_tolerance = 1e-3    # largest allowed |IR - source| relative to the largest |output|
 
 [normalization]
@@ -45,7 +45,7 @@ count = {count}                  # images sampled (seeded, stratified){count_not
 per_class_min = 1            # at least this many of every class (or sub-folder group)
 seed = 0
 method = "mse"               # range method: mse, minmax, percentile or kl
-# batch_size = 32
+# batch_size = 8
 # on_bad_image = "error"     # or "skip": unreadable / wrong-size images are listed and left out
 
 [evaluation]
@@ -55,6 +55,7 @@ method = "mse"               # range method: mse, minmax, percentile or kl
 [quantization]
 # skip = []                  # ops left in float16 (node names, layer scopes with globs, or op types)
 # fallback = "off"           # "auto": roll the most sensitive ops back to float16 until the gate passes
+# sensitivity = "auto"       # per-layer analysis: for fallback "auto" or a failing gate; "always": every build
 # sensitivity_images = 32
 
 [aipp]

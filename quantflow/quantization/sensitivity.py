@@ -39,6 +39,8 @@ from ..progress import progress
 from .deploy import quantized_graph
 from .qparams import QuantParams, fit, short_names
 
+GC_EVERY = 8
+
 
 class Agreement:
     """Running SQNR and cosine similarity of ``q`` against the reference ``r``."""
@@ -48,13 +50,16 @@ class Agreement:
 
     def add(self, r: np.ndarray, q: np.ndarray) -> None:
         # numpy's own (pairwise) sums, not BLAS dot products: those split the sum by the BLAS thread count,
-        # and a sharded sweep must give the single process's numbers bit for bit
-        r, q = np.asarray(r, np.float64).ravel(), np.asarray(q, np.float64).ravel()
+        # and a sharded sweep must give the single process's numbers bit for bit.  The emulation's float16 and
+        # float32 values are compared in float32 (summed in float64): no float64 copy of every tensor
+        r, q = np.asarray(r).ravel(), np.asarray(q).ravel()
+        dt = np.result_type(r, q, np.float32)
+        r, q = r.astype(dt, copy=False), q.astype(dt, copy=False)
         e = r - q
-        self.rr += float(np.sum(r * r))
-        self.qq += float(np.sum(q * q))
-        self.rq += float(np.sum(r * q))
-        self.ee += float(np.sum(e * e))
+        self.rr += float(np.sum(np.square(r), dtype=np.float64))
+        self.qq += float(np.sum(np.square(q), dtype=np.float64))
+        self.rq += float(np.sum(r * q, dtype=np.float64))
+        self.ee += float(np.sum(np.square(e), dtype=np.float64))
 
     @property
     def sqnr_db(self) -> float:
@@ -194,7 +199,8 @@ def _op_rows(shared, nodes: list[str]) -> list[tuple[dict, np.ndarray | None]]:
                 if bias_shift:
                     shift.add(ref[t], got[t])
             del emu
-            gc.collect()  # one op's onnxruntime session at a time
+            if len(done) % GC_EVERY == GC_EVERY - 1:
+                gc.collect()  # a few onnxruntime sessions at a time (a collection per op cost a fifth of the sweep)
             row = {"node": node, "scope": q.scope, "op": q.op, "method": q.stats.get("method", qparams.method),
                    "alone": alone.as_dict(), "output": output.as_dict()}
             if len(finals) > 1:

@@ -13,6 +13,8 @@ import base64
 import html
 from pathlib import Path
 
+import numpy as np
+
 from ..evaluation.metrics import metric
 from ..io.atomic import write_text
 from ..quantization.qparams import short_names
@@ -48,8 +50,19 @@ def _verdict_rows(m, gate: dict) -> list[list]:
     return rows + [["INT8 ops", gate.get("quantized_ops", "?")], ["range method", gate.get("calibration_method", "?")]]
 
 
-def render(title: str, gate: dict, sensitivity: dict, histograms: dict, fallback: dict | None) -> str:
-    """``gate``: the accuracy report; ``sensitivity``: ``Sensitivity.as_dict()``; ``histograms``:
+def _by_clipping(histograms: dict) -> list[str]:
+    """The layers of ``histograms``, the largest share of calibration values outside the chosen clip first."""
+    def clipped(h) -> float:
+        edges = np.linspace(h["lo"], h["hi"], len(h["hist"]) + 1)
+        centres, total = (edges[:-1] + edges[1:]) / 2, max(int(h["hist"].sum()), 1)
+        lo, hi = h["clip"]
+        return float(h["hist"][(centres < lo) | (centres > hi)].sum()) / total
+    return sorted(histograms, key=lambda n: (-clipped(histograms[n]), n))
+
+
+def render(title: str, gate: dict, sensitivity: dict | None, histograms: dict, fallback: dict | None) -> str:
+    """``gate``: the accuracy report; ``sensitivity``: ``Sensitivity.as_dict()``, or None where the per-layer
+    analysis did not run (the histograms shown are then those of the layers that clip the most); ``histograms``:
     node -> {"scope", "hist", "lo", "hi", "clip"} (may be empty: minmax collects none);
     ``fallback``: {"mode", "steps"} or None."""
     m = metric(gate)
@@ -63,27 +76,41 @@ def render(title: str, gate: dict, sensitivity: dict, histograms: dict, fallback
     parts.append("</section>")
     section, heading, head, rows = m.details(gate)
     parts += [f'<section id="{section}"><h2>{heading}</h2>', _table(head, rows), "</section>"]
-    rows = {r["node"]: r for r in sensitivity["ops"]}
-    ranked = [rows[n] for n in sensitivity["ranking"]]
-    short = short_names([r["scope"] for r in sensitivity["ops"]] + [h["scope"] for h in histograms.values()])
-    parts += [f'<section id="sensitivity"><h2>Per-layer sensitivity ({sensitivity["images"]} calibration images)</h2>',
-              "<p>SQNR and cosine similarity against FP32: the network output and the layer's own output with "
-              "that layer alone in INT8, and the layer's output with every layer in INT8 (cumulative). Most "
-              "sensitive first.</p>"]
-    if ranked:
-        parts.append(_img(plots.sensitivity_chart([short[r["scope"]] for r in ranked],
-                                                  [r["output"]["sqnr_db"] for r in ranked],
-                                                  [r["alone"]["sqnr_db"] for r in ranked]), "per-layer sensitivity"))
-    parts += [_table(["rank", "layer", "op", "range", "output SQNR dB", "output cosine", "alone SQNR dB",
-                      "cumulative SQNR dB", "full layer name"],
-                     [[i, (short[r["scope"]], r["scope"]), r["op"], r.get("method", ""),
-                       f"{r['output']['sqnr_db']:.1f}", f"{r['output']['cosine']:.5f}", f"{r['alone']['sqnr_db']:.1f}",
-                       f"{r['cumulative']['sqnr_db']:.1f}", r["scope"]] for i, r in enumerate(ranked, 1)],
-                     "layers"),
-              "</section>"]
-    shown = [n for n in sensitivity["ranking"] if n in histograms][:WORST_LAYERS]
-    heading = (f"Activation ranges of the {len(shown)} most sensitive layers" if len(shown) > 1
-               else "Activation range of the most sensitive layer" if shown else "Activation ranges")
+    if sensitivity is None:
+        ranking, short = _by_clipping(histograms), short_names([h["scope"] for h in histograms.values()])
+        parts += ['<section id="sensitivity"><h2>Per-layer sensitivity</h2>',
+                  "<p>Not run: the gate passed, and nothing else in this build needs it (quantization.sensitivity "
+                  "= \"auto\" runs it for fallback = \"auto\" and for a failing gate; \"always\" in every "
+                  "build).</p></section>"]
+        shown = ranking[:WORST_LAYERS]
+        heading = (f"Activation ranges of the {len(shown)} layers that clip the most calibration values"
+                   if len(shown) > 1 else "Activation range of the layer that clips the most calibration values")
+    else:
+        rows = {r["node"]: r for r in sensitivity["ops"]}
+        ranked = [rows[n] for n in sensitivity["ranking"]]
+        short = short_names([r["scope"] for r in sensitivity["ops"]] + [h["scope"] for h in histograms.values()])
+        parts += [f'<section id="sensitivity"><h2>Per-layer sensitivity ({sensitivity["images"]} calibration '
+                  f'images)</h2>',
+                  "<p>SQNR and cosine similarity against FP32: the network output and the layer's own output with "
+                  "that layer alone in INT8, and the layer's output with every layer in INT8 (cumulative). Most "
+                  "sensitive first.</p>"]
+        if ranked:
+            parts.append(_img(plots.sensitivity_chart([short[r["scope"]] for r in ranked],
+                                                      [r["output"]["sqnr_db"] for r in ranked],
+                                                      [r["alone"]["sqnr_db"] for r in ranked]),
+                              "per-layer sensitivity"))
+        parts += [_table(["rank", "layer", "op", "range", "output SQNR dB", "output cosine", "alone SQNR dB",
+                          "cumulative SQNR dB", "full layer name"],
+                         [[i, (short[r["scope"]], r["scope"]), r["op"], r.get("method", ""),
+                           f"{r['output']['sqnr_db']:.1f}", f"{r['output']['cosine']:.5f}",
+                           f"{r['alone']['sqnr_db']:.1f}", f"{r['cumulative']['sqnr_db']:.1f}", r["scope"]]
+                          for i, r in enumerate(ranked, 1)], "layers"),
+                  "</section>"]
+        shown = [n for n in sensitivity["ranking"] if n in histograms][:WORST_LAYERS]
+        heading = (f"Activation ranges of the {len(shown)} most sensitive layers" if len(shown) > 1
+                   else "Activation range of the most sensitive layer")
+    if not shown:
+        heading = "Activation ranges"
     parts.append(f'<section id="histograms"><h2>{heading}</h2>')
     if not shown:
         parts.append("<p>No histograms: the minmax method collects none (its clip is the observed range).</p>")
@@ -120,5 +147,5 @@ def render(title: str, gate: dict, sensitivity: dict, histograms: dict, fallback
             f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
 
 
-def write(path: Path, title: str, gate: dict, sensitivity: dict, histograms: dict, fallback: dict | None) -> Path:
+def write(path: Path, title: str, gate: dict, sensitivity: dict | None, histograms: dict, fallback: dict | None) -> Path:
     return write_text(path, render(title, gate, sensitivity, histograms, fallback))

@@ -1,0 +1,74 @@
+"""sensitivity: the per-layer error analysis (``sensitivity.json``, ``sensitivity.txt``): each INT8 op alone in INT8
+against FP32 on the first ``quantization.sensitivity_images`` calibration images
+(``quantflow.quantization.sensitivity``).
+
+It is a build's costliest work and only needed to choose layers, so it runs as a stage when something reads it in
+every build: ``quantization.fallback = "auto"`` (the fallback rolls layers back in its order) or
+``quantization.sensitivity = "always"`` (the report's sensitivity section).  Otherwise the gate runs it
+(``ensure``) only when it fails, to name the layers to try in its message and its report.  Either way it is keyed
+like any stage (on the calibration's key and its own images), so it runs once per calibration."""
+from __future__ import annotations
+
+import json
+
+from quantflow.engine import shard
+from quantflow.io.atomic import write_json, write_text
+from quantflow.quantization.qparams import QuantParams
+
+from .inputs import image_batches, read_graph
+from .stage import Stage
+
+NAME = "sensitivity"
+SENSITIVITY_JSON, SENSITIVITY_TXT = "sensitivity.json", "sensitivity.txt"
+CONSOLE_LAYERS = 5   # the most sensitive layers the console shows
+
+
+def used(cfg) -> bool:
+    """Does every build of ``cfg`` need the analysis (else only a failing gate runs it)."""
+    q = cfg.quantization
+    return q.fallback == "auto" or q.sensitivity == "always"
+
+
+def _run(b) -> None:
+    from quantflow.quantization.passes import fold_for_quantization
+    from quantflow.quantization.sensitivity import analyse
+
+    cfg, kdir = b.cfg, b.dir(NAME)
+    qp = QuantParams.load(b.dir("calibrate"))
+    graph = fold_for_quantization(read_graph(cfg, b.dir("graph")))
+    paths = b.calibration_paths()[:cfg.quantization.sensitivity_images]
+    print(f"per-layer analysis: {len(qp.ops)} INT8 ops, each alone in INT8, on {len(paths)} calibration images "
+          f"{shard.where(cfg.engine)}")
+    s = analyse(graph, qp, image_batches(cfg, paths, cfg.calibration.batch_size), engine=cfg.engine)
+    write_json(kdir / SENSITIVITY_JSON, s.as_dict())
+    write_text(kdir / SENSITIVITY_TXT, f"per-layer sensitivity on {s.images} calibration images (most sensitive "
+                                       f"first)\n{s.table()}\n")
+    print(f"most sensitive layers (all {len(qp.ops)} in {kdir / SENSITIVITY_TXT}):\n{s.table(CONSOLE_LAYERS)}")
+
+
+def read(b) -> dict | None:
+    """The analysis of build ``b`` under its current key, None when it has not run."""
+    return json.loads((b.dir(NAME) / SENSITIVITY_JSON).read_text()) if b.done(NAME) else None
+
+
+def path(b) -> str | None:
+    """``sensitivity.json`` of build ``b`` under its current key, None when the analysis has not run."""
+    return str(b.dir(NAME, create=False) / SENSITIVITY_JSON) if b.done(NAME) else None
+
+
+def ensure(b) -> dict:
+    """The analysis of build ``b``, run now (and kept under its key, as the stage would) when it has not run."""
+    if not b.done(NAME):
+        _run(b)
+        b.mark_done(NAME)
+    return read(b)
+
+
+def _key_inputs(b) -> dict:
+    return {"sensitivity_images": b.cfg.quantization.sensitivity_images}
+
+
+STAGE = Stage(
+    name=NAME, doc="per-layer analysis: each INT8 op alone in INT8 against FP32 (for fallback 'auto' or 'always')",
+    run=_run, needs=("sample", "graph", "calibrate"), key_inputs=_key_inputs, used=used,
+    outputs=(SENSITIVITY_JSON, SENSITIVITY_TXT))
