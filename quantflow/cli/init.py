@@ -70,7 +70,7 @@ precision_mode = "force_fp16"    # what the INT8 emulation models (atc's default
 
 [engine]
 workers = 1                  # local worker processes for the gate and the per-layer analysis
-# ray_address = "auto"       # or "ray://head:10001": shard over a Ray cluster (pip install 'quantflow[ray]')
+# ray_address = "auto"       # or "ray://head:10001": shard over a Ray cluster (needs Ray: the ray extra of quantflow-ascend)
 """
 
 

@@ -1,7 +1,7 @@
 """The ``quantflow`` command: build, init, list, report, and on an Ascend host verify and dump.
 
     quantflow build [CONFIG ...] [STAGE ...] [-j N] [--always]
-    quantflow init (--onnx FILE | --mindir FILE | --entry MOD:FN --checkpoint FILE) [--data DIR] [--eval DIR] [-o FILE]
+    quantflow init (--onnx FILE | --mindir FILE | --entry MOD:FN --checkpoint FILE) [--calib DIR] [--eval DIR] [-o FILE]
     quantflow list [CONFIG]
     quantflow report [CONFIG]
     quantflow verify [CONFIG] [--om FILE] [--device N] [--images N] [--min-cosine C]

@@ -87,7 +87,7 @@ def _ray(fn, shared, shards: list, engine, local_threads: int) -> list:
     try:
         import ray
     except ImportError:
-        raise ConfigError(f"engine.ray_address = {engine.ray_address!r} needs Ray: pip install 'quantflow[ray]'") from None
+        raise ConfigError(f"engine.ray_address = {engine.ray_address!r} needs Ray: pip install 'quantflow-ascend[ray]' (or the ray package)") from None
     local = engine.ray_address == "local"
     if not ray.is_initialized():
         if local:
