@@ -134,7 +134,7 @@ def test_a_missing_ray_is_reported_with_the_setting_and_the_extra(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_ray)
-    with pytest.raises(ConfigError, match=r"engine.ray_address = 'auto' needs Ray: pip install 'quantflow\[ray\]'"):
+    with pytest.raises(ConfigError, match=r"engine.ray_address = 'auto' needs Ray: pip install 'quantflow-ascend\[ray\]'"):
         shard.run(abs, None, [1, 2], EngineSection(workers=2, ray_address="auto"))
 
 
