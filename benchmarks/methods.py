@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEMOS = {  # name: (config, evaluation on the perturbed copy)
     "digits": ("quantflow.toml", False),
     "mbv2-hard": ("examples/mobilenet_v2/quantflow.toml", True),
-    "mbv1-weak": ("examples/mobilenet_v1_weak/quantflow.toml", False),
+    "mbv1-imbalanced": ("examples/mobilenet_v1_imbalanced/quantflow.toml", False),
 }
 QF_METHODS = {"minmax": ("minmax", 0.01), "percentile": ("percentile", 0.01), "kl": ("kl", 0.01),
               "kl plain": ("kl", 1.0), "mse": ("mse", 0.01)}

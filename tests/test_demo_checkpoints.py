@@ -21,7 +21,7 @@ from quantflow.pipeline.build import Build
 from quantflow.tasks import train as train_stage
 
 REPO = Path(__file__).resolve().parents[1]
-DEMOS = ["quantflow.toml", "examples/mobilenet_v2/quantflow.toml", "examples/mobilenet_v1_weak/quantflow.toml"]
+DEMOS = ["quantflow.toml", "examples/mobilenet_v2/quantflow.toml", "examples/mobilenet_v1_imbalanced/quantflow.toml"]
 
 
 @pytest.mark.parametrize("config", DEMOS)
