@@ -109,6 +109,7 @@ def list_stages(config: Path) -> int:
     c = load_config(config)
     keyed = artifact_status(c)
     b = Build(c)
+    width = max(map(len, STAGES))
     for name, stage in STAGES.items():
         if not stage.used(c):
             state, where = "not used", None
@@ -119,7 +120,7 @@ def list_stages(config: Path) -> int:
             state, where = "to run", None
         else:
             state, where = stage.status(b)
-        print(f"{name:<10} {state:<10}  {stage.doc}" + (f"  [{where}]" if where else ""))
+        print(f"{name:<{width}} {state:<10}  {stage.doc}" + (f"  [{where}]" if where else ""))
     if not keyed:
         print(f"(nothing sampled yet for {config}: the artifact folders are known once `sample` has run)")
     return 0
