@@ -29,9 +29,9 @@ ADVICE_LAYERS = 5   # the most sensitive layers a failing gate names
 
 def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_dir: Path, aipp_dir: Path,
                sensitivity) -> dict:
-    """The verdict, its reports, and on a failure an AccuracyGateError naming the layers to try.  ``sensitivity``:
-    ``() -> dict | None``, the per-layer analysis if it has run; ``(True) -> dict`` runs it when it has not (a
-    failing gate's message and report name the most sensitive layers)."""
+    """The verdict, its reports, and on a failure an AccuracyGateError naming the layers to try.
+    ``sensitivity(run)``: the per-layer analysis, or None where it has not run; with ``run`` true it is run first
+    where it has not (a failing gate's message and report name the most sensitive layers)."""
     from quantflow.evaluation.metrics import metric
     from quantflow.quantization.passes import fold_for_quantization
     from quantflow.report import html
