@@ -6,15 +6,16 @@
 For each model, ``benchmarks.zoo`` writes a quantflow project (untimed): the network with random weights as
 ``model.mindir`` (mindcv's MobileNetV2 and ResNet-18 at 224x224, mindyolo's YOLOv5-n / YOLOv8-n at 416x416 gated
 on every output, the demo's DigitsNet at 32x32), ``--calib`` calibration and ``--eval`` held-out images (the
-digits, resized) and a ``quantflow.toml`` with the build's defaults (``mse`` ranges, 8 verification images, the
-per-layer analysis on 32 images, fallback off, one engine worker).  Speed does not depend on the weights.
+digits, resized) and a ``quantflow.toml`` with the build's defaults (``mse`` ranges, 2 verification images,
+fallback off, so no per-layer analysis unless the gate fails; one engine worker).  Speed does not depend on the
+weights.
 Then, ``--repeat`` rounds, each running in turn:
 
 - **quantflow**: ``python -m quantflow.cli build quantflow.toml`` (what ``quantflow build`` runs) into an empty
   output folder: Python start-up and imports, preflight (MindIR read, image checks, AIPP on 4 images), sampling
   (every calibration image decoded and hashed), the graph stage (MindIR read, MindSpore's reference run on the
   verification images, the IR's check, graph.onnx), calibrate (BatchNorm folding, the two calibration passes,
-  ``mse`` ranges, the INT8 parameters, the per-layer analysis, histograms), aipp (rendered and verified),
+  ``mse`` ranges, the INT8 parameters, histograms), aipp (rendered and verified),
   fallback ("off"), export (deploy.onnx, checked; the deploy MindIR through MindSpore; record.txt), atc
   (skipped: no CANN here), the gate (FP32 and the INT8 emulation through AIPP on every held-out image, the text
   and HTML reports with their plots) and the summary;
@@ -27,7 +28,7 @@ Then, ``--repeat`` rounds, each running in turn:
 
 What only quantflow does (and is in its time): the MindSpore reference check, the AIPP config and its
 verification, the INT8 emulation of the Ascend arithmetic instead of onnxruntime's own INT8 kernels, the
-per-layer analysis, the deploy graphs (ONNX and MindIR), the reports.  What only onnxruntime does: its
+deploy graphs (ONNX and MindIR), the reports.  What only onnxruntime does: its
 pre-processing.  Both sides use the same FP32 graph (batch size included), the same images, onnxruntime's
 default thread count, and one process each (quantflow's default ``engine.workers = 1``).
 

@@ -300,7 +300,7 @@ class AippSection(_Section):
     config_file: Optional[Path] = Field(
         default=None, description="a hand-written AIPP config to verify and use instead of the generated one")
     tolerance: float = Field(default=5e-3, gt=0.0, description="largest allowed |AIPP - training| difference, relative to max(1, |value|)")
-    verify_images: int = Field(default=32, gt=0, description="calibration images used for the AIPP check")
+    verify_images: int = Field(default=8, gt=0, description="calibration images used for the AIPP check")
 
     @model_validator(mode="before")
     @classmethod
