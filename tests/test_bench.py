@@ -46,5 +46,6 @@ def test_benchmark_builds_both_sides_and_reports_every_figure(tmp_path):
         assert (tmp_path / f"digits.{method}.onnx").is_file()   # onnxruntime's own INT8 QDQ model
     table = bench.format_table([row])
     assert table.splitlines()[2].startswith("digits") and "x (" in table
-    assert "calibrate" in bench.format_stages([row])
+    stages = bench.format_stages([row])   # the stages of 0.05 s or more: the gate renders its report
+    assert "digits (32x32) quantflow: " in stages and " gate " in stages
     json.dumps(row)   # --json writes it

@@ -334,8 +334,8 @@ def test_a_task_run_sharded_over_processes_equals_the_single_process_one(detecto
 
 
 def test_the_readme_ocr_metric_reads_ctc_as_written(tmp_path, monkeypatch):
-    """The text-recognition metric of README "Detectors": run as written, from a module beside the config."""
-    readme = (REPO / "README.md").read_text()
+    """The text-recognition metric of docs/detectors.md: run as written, from a module beside the config."""
+    readme = (REPO / "docs" / "detectors.md").read_text()
     start = readme.index("    # text_metric.py, beside quantflow.toml")
     block = readme[start:readme.index("\n\n    [evaluation]", start)]
     (tmp_path / "text_metric.py").write_text(textwrap.dedent(block))
