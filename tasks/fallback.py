@@ -121,7 +121,7 @@ def _auto(cfg) -> bool:
 def _run(b) -> None:
     c = b.cfg
     result = fallback_stage(c, b.dir("fallback"), b.dir("calibrate"), b.dir("graph"),
-                            b.dir("aipp") if _auto(c) else None, sensitivity.read(b) if _auto(c) else None)
+                            b.dir("aipp") if _auto(c) else None, sensitivity.ensure(b) if _auto(c) else None)
     if result["mode"] == "off":
         print("quantization.fallback = off: every calibrated op stays INT8")
     else:
@@ -190,5 +190,6 @@ def _summary(b) -> dict:
 STAGE = Stage(
     name="fallback", doc='the INT8 parameters used: as calibrated, or (fallback = "auto") the most sensitive ops in '
                          'float16, tuned on images the gate does not judge',
-    run=_run, needs=lambda cfg: ("graph", "calibrate") + (("aipp", sensitivity.NAME) if _auto(cfg) else ()), key_inputs=_key_inputs,
+    run=_run, needs=lambda cfg: ("graph", "calibrate") + (("aipp", sensitivity.NAME) if _auto(cfg) else ()),
+    key_inputs=_key_inputs,
     outputs=(QPARAMS_JSON, QPARAMS_NPZ, FALLBACK_JSON), summary=_summary)
