@@ -60,7 +60,8 @@ def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path], graph_dir: P
     table = qp.table()
     if qp.float16:
         table += f"\nleft in float16 on the device ({len(qp.float16)}):\n{qp.float16_table()}"
-    write_text(Path(kdir, CALIBRATION_TXT), f"method {k.method}, {len(batches)} images, {len(qp.ops)} INT8 ops\n{table}\n")
+    write_text(Path(kdir, CALIBRATION_TXT),
+               f"method {k.method}, {len(batches)} images, {len(qp.ops)} INT8 ops\n{table}\n")
     return qp, len(batches), table
 
 
