@@ -65,7 +65,8 @@ def ensure(b) -> dict:
 
 
 def _key_inputs(b) -> dict:
-    return {"sensitivity_images": b.cfg.quantization.sensitivity_images}
+    # the batching too: the running sums add one batch at a time
+    return {"sensitivity_images": b.cfg.quantization.sensitivity_images, "batch_size": b.cfg.calibration.batch_size}
 
 
 STAGE = Stage(
