@@ -22,21 +22,11 @@ from quantflow.quantization.qparams import QPARAMS_JSON, QPARAMS_NPZ, QuantParam
 
 from . import sensitivity
 from .aipp import read_params
-from .inputs import evaluation_set, read_graph
+from .inputs import evaluation_set, output_names, read_graph
 from .preflight import module_file
 from .stage import Stage
 
 FALLBACK_JSON = "fallback.json"
-
-
-def output_names(cfg, graph) -> dict | None:
-    """The model file's names of the graph's outputs (an ONNX file's declared outputs, e.g. ``output0``), which
-    the report, ``evaluation.parts`` and task metrics use; None where the file names none (the IR's own names)."""
-    if cfg.model.onnx is None:
-        return None
-    import onnx
-    declared = [o.name for o in onnx.load(str(cfg.path(cfg.model.onnx)), load_external_data=False).graph.output]
-    return dict(zip(graph.outputs, declared)) if len(declared) == len(graph.outputs) else None
 
 
 def tuning_and_gate_sets(cfg):
@@ -69,16 +59,28 @@ def tuning_and_gate_sets(cfg):
 
 
 def focus_ranking(sensitivity: dict, m, names: dict | None):
-    """``rerank(report)`` for ``roll_back``: the layers most harmful to the outputs a failed check points at
-    (``m.focus``; a failing part points at its output), by the per-output figures of the per-layer analysis,
-    which names the outputs as the graph IR does (``names``: IR name -> the model file's)."""
+    """``rerank(report)`` for ``roll_back``: the layers most harmful to what a failed check points at, by the
+    per-layer analysis's own figures: the failing parts (``per_part``, where the analysis measured them), with
+    any failing whole outputs it measured apart; else the outputs ``m.focus`` names (a failing part: its output),
+    by the per-output figures, which name the outputs as the graph IR does (``names``: IR name -> the model
+    file's)."""
     from quantflow.quantization.sensitivity import rank
 
+    ops = sensitivity["ops"]
     ir_name = {shown: ir for ir, shown in (names or {}).items()}
 
+    def measured(key: str, name: str) -> bool:
+        return all(name in r.get(key, {}) for r in ops)
+
     def rerank(report: dict) -> list[str]:
+        failing, rows = set(report.get("failures", [])), report.get("outputs", [])
+        parts = [r["part"] for r in rows if r.get("part") in failing]
+        if parts and all(measured("per_part", p) for p in parts):
+            whole = [ir_name.get(r["output"], r["output"]) for r in rows
+                     if not r.get("part") and r["output"] in failing]
+            return rank(ops, [o for o in whole if measured("per_output", o)], parts)
         focus = m.focus(report)
-        return rank(sensitivity["ops"], [ir_name.get(o, o) for o in focus] if focus else None)
+        return rank(ops, [ir_name.get(o, o) for o in focus] if focus else None)
     return rerank
 
 

@@ -19,8 +19,8 @@ from quantflow.quantization.qparams import QuantParams
 from . import sensitivity as analysis
 from .aipp import read_params
 from .calibrate import load_histograms
-from .fallback import FALLBACK_JSON, evaluation_inputs, output_names, tuning_and_gate_sets
-from .inputs import read_graph
+from .fallback import FALLBACK_JSON, evaluation_inputs, tuning_and_gate_sets
+from .inputs import output_names, read_graph
 from .stage import Stage
 
 REPORT_JSON, REPORT_TXT, REPORT_HTML = "accuracy_report.json", "accuracy_report.txt", "report.html"

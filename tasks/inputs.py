@@ -1,5 +1,5 @@
 """What several stages read, made one way from the configuration: the calibration images as preprocessed
-batches, the held-out set, and the network as graph IR."""
+batches, the held-out set, the network as graph IR, and the model file's names of its outputs."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,3 +27,13 @@ def read_graph(cfg, graph_dir: Path):
     """The network as graph IR (from the file the graph stage checked)."""
     from quantflow.frontends.source import read_model
     return read_model(cfg, graph_dir)
+
+
+def output_names(cfg, graph) -> dict | None:
+    """The model file's names of the graph's outputs (an ONNX file's declared outputs, e.g. ``output0``), which
+    the report, ``evaluation.parts`` and task metrics use; None where the file names none (the IR's own names)."""
+    if cfg.model.onnx is None:
+        return None
+    import onnx
+    declared = [o.name for o in onnx.load(str(cfg.path(cfg.model.onnx)), load_external_data=False).graph.output]
+    return dict(zip(graph.outputs, declared)) if len(declared) == len(graph.outputs) else None

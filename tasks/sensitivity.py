@@ -2,6 +2,8 @@
 against FP32 on the first ``quantization.sensitivity_images`` calibration images
 (``quantflow.quantization.sensitivity``).
 
+Where the gate judges parts of outputs (``evaluation.parts``), each part is measured on its own too.
+
 It is a build's costliest work and only needed to choose layers, so it runs as a stage when something reads it in
 every build: ``quantization.fallback = "auto"`` (the fallback rolls layers back in its order) or
 ``quantization.sensitivity = "always"`` (the report's sensitivity section).  Otherwise the gate runs it
@@ -15,7 +17,7 @@ from quantflow.engine import shard
 from quantflow.io.atomic import write_json, write_text
 from quantflow.quantization.qparams import QuantParams
 
-from .inputs import image_batches, read_graph
+from .inputs import image_batches, output_names, read_graph
 from .stage import Stage
 
 NAME = "sensitivity"
@@ -39,11 +41,24 @@ def _run(b) -> None:
     paths = b.calibration_paths()[:cfg.quantization.sensitivity_images]
     print(f"per-layer analysis: {len(qp.ops)} INT8 ops, each alone in INT8, on {len(paths)} calibration images "
           f"{shard.where(cfg.engine)}")
-    s = analyse(graph, qp, image_batches(cfg, paths, cfg.calibration.batch_size), engine=cfg.engine)
+    s = analyse(graph, qp, image_batches(cfg, paths, cfg.calibration.batch_size), engine=cfg.engine,
+                parts=_parts(cfg, graph))
     write_json(kdir / SENSITIVITY_JSON, s.as_dict())
     write_text(kdir / SENSITIVITY_TXT, f"per-layer sensitivity on {s.images} calibration images (most sensitive "
                                        f"first)\n{s.table()}\n")
     print(f"most sensitive layers (all {len(qp.ops)} in {kdir / SENSITIVITY_TXT}):\n{s.table(CONSOLE_LAYERS)}")
+
+
+def _parts(cfg, graph) -> dict:
+    """The gate's ``evaluation.parts`` as ``analyse`` measures them: name -> (graph output, region), so that the
+    fallback can rank layers on the part that fails (a detector's class scores, not its boxes)."""
+    if not cfg.evaluation.parts:
+        return {}
+    from quantflow.evaluation.outputs import network_regions
+
+    names = output_names(cfg, graph) or {}
+    ir = {names.get(o, o): o for o in graph.outputs}
+    return {r.part: (ir[r.output], r) for r in network_regions(graph, cfg.evaluation, names=names) if r.part}
 
 
 def read(b) -> dict | None:
@@ -66,7 +81,9 @@ def ensure(b) -> dict:
 
 def _key_inputs(b) -> dict:
     # the batching too: the running sums add one batch at a time
-    return {"sensitivity_images": b.cfg.quantization.sensitivity_images, "batch_size": b.cfg.calibration.batch_size}
+    c = b.cfg
+    return {"sensitivity_images": c.quantization.sensitivity_images, "batch_size": c.calibration.batch_size,
+            "parts": c.model_dump(mode="json")["evaluation"]["parts"]}
 
 
 STAGE = Stage(

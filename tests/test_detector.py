@@ -302,6 +302,11 @@ def test_int8_losing_the_class_scores_fails_by_part_by_detections_and_by_the_use
     assert not rows["scores"]["passed"] and rows["scores"]["cosine"] < 0.9 and report["failures"] == ["scores"]
     html = (gate / "report.html").read_text()
     assert "<td>scores</td>" in html and "INT8 part scores of output output0" in html
+    # the failing gate's per-layer analysis measured each part on its own (the fallback ranks on a failing part)
+    (analysis,) = (project / "build" / "artifacts" / "sensitivity").glob("*/sensitivity.json")
+    ops = json.loads(analysis.read_text())["ops"]
+    assert ops and all(set(r["per_part"]) == {"boxes", "scores"} for r in ops)
+    assert min(r["per_part"]["scores"]["sqnr_db"] for r in ops) < min(r["per_part"]["boxes"]["sqnr_db"] for r in ops)
 
     proc, _, report, _ = _build(project, "detection.toml", 'metric = "detection"')
     out = proc.stdout + proc.stderr

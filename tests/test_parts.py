@@ -140,6 +140,27 @@ def test_head_layout_reads_the_shape():
     assert head_layout((1, 4, 8400)) is None and head_layout((1, 1000)) is None and head_layout((1, 5, 5)) is None
 
 
+def test_the_fallback_ranks_layers_on_the_failing_part_where_the_analysis_measured_it():
+    """A single-output detector whose class scores fail: the layer that harms the scores goes first, though the
+    boxes (large pixel values) dominate the pooled figure; a failing whole output the analysis measured counts
+    too, and one it did not measure (a single output has no per-output figures) is left to the parts."""
+    from quantflow.evaluation.metrics import metric
+    from quantflow.tasks.fallback import focus_ranking
+
+    rows = [{"node": n, "output": {"sqnr_db": pooled}, "per_part": {"boxes": {"sqnr_db": b}, "scores": {"sqnr_db": s}}}
+            for n, pooled, b, s in (("n1", 20.0, 20.0, 50.0), ("n2", 40.0, 40.0, 10.0), ("n3", 30.0, 30.0, 30.0))]
+    sensitivity = {"ops": rows, "ranking": ["n1", "n3", "n2"]}
+    report = {"outputs": [{"output": "output0", "part": None}, {"output": "output0", "part": "boxes"},
+                          {"output": "output0", "part": "scores"}], "failures": ["scores"]}
+    rerank = focus_ranking(sensitivity, metric("outputs"), {"v9": "output0"})
+    assert rerank(report) == ["n2", "n3", "n1"]
+    assert rerank(dict(report, failures=["scores", "boxes"])) == ["n2", "n1", "n3"]   # the least of both parts
+    assert rerank(dict(report, failures=["scores", "output0"])) == ["n2", "n3", "n1"]
+    # an analysis without the part's figures (an older one): the part points at its output, pooled here
+    plain = {"ops": [{k: v for k, v in r.items() if k != "per_part"} for r in rows], "ranking": ["n1", "n3", "n2"]}
+    assert focus_ranking(plain, metric("outputs"), {"v9": "output0"})(report) == ["n1", "n3", "n2"]
+
+
 def test_the_fallback_ranks_layers_on_the_output_a_failing_part_belongs_to():
     """The per-layer analysis names outputs as the graph IR does (v13, v20); the gate as the model file does
     (output0, output1): a failing part of output1 ranks the layers by their harm to v20."""

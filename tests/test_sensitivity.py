@@ -157,6 +157,33 @@ def test_rows_agree_with_direct_runs(residual, analysed):
     assert row["cumulative"]["sqnr_db"] == pytest.approx(sqnr_db(ref, every), rel=1e-6)
 
 
+def test_parts_of_an_output_are_measured_on_their_own(residual, analysed):
+    """evaluation.parts: a part's figures are those of its slice of the output (a detector's class scores apart
+    from its boxes); a part spanning the whole axis has the output's own figures, and the rows stay as they are."""
+    from quantflow.evaluation.parts import Region
+
+    folded, qp, batches = residual
+    final = folded.outputs[0]
+    shape = tuple(folded.shape(final))
+    parts = {"head": (final, Region("head", "out", (shape[0], 4), 1, 0, 4, "head")),
+             "all": (final, Region("all", "out", shape, 1, 0, shape[1], "all"))}
+    measured = analyse(folded, qp, batches, bias_shift=True, parts=parts)
+    x = np.concatenate(batches)
+    ref = float_runner(folded).run(x)[final]
+    fc = qp.ops[-1]
+    got = Emulator(quantized_graph(folded, QuantParams(qp.method, [fc]))).logits(x.astype(np.float16))
+    row = measured.row(fc.node)
+    assert row["per_part"]["head"]["sqnr_db"] == pytest.approx(sqnr_db(ref[:, :4], got[:, :4]), rel=1e-6)
+    assert row["per_part"]["head"]["sqnr_db"] != pytest.approx(row["output"]["sqnr_db"], rel=1e-3)
+    for r in measured.rows:
+        assert r["per_part"]["all"] == pytest.approx(r["output"], rel=1e-9)
+        assert {k: v for k, v in r.items() if k != "per_part"} == analysed.row(r["node"])
+    # ranked on a part: by its figures
+    by_head = rank(measured.rows, parts=["head"])
+    assert [measured.row(n)["per_part"]["head"]["sqnr_db"] for n in by_head] == sorted(
+        r["per_part"]["head"]["sqnr_db"] for r in measured.rows)
+
+
 def test_each_row_is_what_emulating_the_whole_graph_with_that_op_alone_gives(residual, analysed):
     """The sweep emulates only the graph from each op's Quant on, fed with the float16 emulation's values:
     every number equals the one from emulating the whole graph with that op alone in INT8 (the sweep as it

@@ -6,7 +6,8 @@ For every quantized op, against the FP32 graph on the same images:
 - ``output``: the network's output with that op alone in INT8 (the ranking key, as in AMCT's
   accuracy-based auto calibration, which ranks layers by the similarity of their quantized result);
   for a network with several outputs (a detector's heads), all of them pooled, and each output on its
-  own in ``per_output`` (``rank`` can rank on the outputs that fail a gate);
+  own in ``per_output``; given ``parts`` (the gate's ``evaluation.parts``, e.g. a head's class scores), each
+  part on its own in ``per_part`` (``rank`` can rank on the outputs and parts that fail a gate);
 - ``cumulative``: its output with every op in INT8 (the error accumulated along the graph).
 
 Each as SQNR (dB, 10 log10 of signal over error energy) and cosine similarity.  An op whose
@@ -96,13 +97,16 @@ class _ChannelShift:
         return np.where(self.count > 0, self.sum / np.maximum(self.count, 1), 0.0)
 
 
-def rank(rows: list[dict], outputs: list[str] | None = None) -> list[str]:
+def rank(rows: list[dict], outputs: list[str] | None = None, parts: list[str] | None = None) -> list[str]:
     """The ops of ``rows`` (``Sensitivity.rows``, or a sensitivity.json's "ops"), most harmful first: by the
-    SQNR of the network's output with the op alone in INT8, all outputs pooled; given ``outputs``, by the
-    least SQNR among those outputs (for rows that hold per-output figures).  Ties go by node name."""
+    SQNR of the network's output with the op alone in INT8, all outputs pooled; given ``outputs`` and/or
+    ``parts``, by the least SQNR among those outputs and parts (for rows that hold their figures; else pooled).
+    Ties go by node name."""
     def key(r):
-        if outputs and all(o in r.get("per_output", {}) for o in outputs):
-            return min(r["per_output"][o]["sqnr_db"] for o in outputs), r["node"]
+        figures = [r.get("per_output", {}).get(o) for o in outputs or ()] + [
+            r.get("per_part", {}).get(p) for p in parts or ()]
+        if figures and all(figures):
+            return min(f["sqnr_db"] for f in figures), r["node"]
         return r["output"]["sqnr_db"], r["node"]
     return [r["node"] for r in sorted(rows, key=key)]
 
@@ -179,7 +183,7 @@ def _prefixes(graph: Graph, qparams: QuantParams, inputs: list[np.ndarray], node
 
 def _op_rows(shared, nodes: list[str]) -> list[tuple[dict, np.ndarray | None]]:
     """(row, output mean shift) of each op in ``nodes`` alone in INT8 (a shard of the sweep)."""
-    graph, qparams, refs, prefixes, bias_shift = shared
+    graph, qparams, refs, prefixes, bias_shift, parts = shared
     out_of = {n.name: n.outputs[0] for n in graph.nodes}
     finals = list(graph.outputs)
     by_node = {q.node: q for q in qparams.ops}
@@ -190,12 +194,16 @@ def _op_rows(shared, nodes: list[str]) -> list[tuple[dict, np.ndarray | None]]:
             emu = Emulator(run, extra_outputs=[t])
             alone, output, shift = Agreement(), Agreement(), _ChannelShift(q.relu)
             each = {f: Agreement() for f in finals}
+            each_part = {name: Agreement() for name in parts}
             for prefix, ref in zip(prefixes, refs):
                 got = emu.outputs({i: prefix[i] for i in run.inputs}, list(dict.fromkeys([t] + finals)))
                 alone.add(ref[t], got[t])
                 for f in finals:
                     output.add(ref[f], got[f])
                     each[f].add(ref[f], got[f])
+                for name, (f, region) in parts.items():
+                    n = len(ref[f])
+                    each_part[name].add(region.take(ref[f], n), region.take(got[f], n))
                 if bias_shift:
                     shift.add(ref[t], got[t])
             del emu
@@ -205,14 +213,18 @@ def _op_rows(shared, nodes: list[str]) -> list[tuple[dict, np.ndarray | None]]:
                    "alone": alone.as_dict(), "output": output.as_dict()}
             if len(finals) > 1:
                 row["per_output"] = {f: a.as_dict() for f, a in each.items()}
+            if parts:
+                row["per_part"] = {name: a.as_dict() for name, a in each_part.items()}
             done.append((row, shift.mean() if bias_shift else None))
             bar.update(1)
     return done
 
 
-def analyse(graph: Graph, qparams: QuantParams, batches, bias_shift: bool = False, engine=None) -> Sensitivity:
+def analyse(graph: Graph, qparams: QuantParams, batches, bias_shift: bool = False, engine=None,
+            parts: dict | None = None) -> Sensitivity:
     """The per-op errors of ``qparams`` on the (BatchNorm-folded) ``graph`` over ``batches`` (a re-iterable
-    of float N,C,H,W arrays in the training preprocessing; the emulation reads them as float16).  The
+    of float N,C,H,W arrays in the training preprocessing; the emulation reads them as float16).  ``parts``:
+    name -> (the graph output it is part of, ``evaluation.parts.Region``), each measured on its own.  The
     one-op-at-a-time runs shard over ``engine`` (quantflow.engine.shard), with the same numbers."""
     from ..engine import shard
 
@@ -221,7 +233,7 @@ def analyse(graph: Graph, qparams: QuantParams, batches, bias_shift: bool = Fals
     inputs = [np.asarray(x) for x in batches]
     nodes = [q.node for q in qparams.ops]
     refs = _references(graph, qparams, inputs)
-    shared = (graph, qparams, refs, _prefixes(graph, qparams, inputs, nodes), bias_shift)
+    shared = (graph, qparams, refs, _prefixes(graph, qparams, inputs, nodes), bias_shift, dict(parts or {}))
     parts = shard.run(_op_rows, shared, shard.deal(nodes, engine.workers if engine else 1), engine)
     done = {row["node"]: (row, shift) for part in parts for row, shift in part}
     del shared, parts  # the start values: not needed below
