@@ -50,12 +50,13 @@ def tuning_and_gate_sets(cfg):
                             f"{len(both)} image(s) (e.g. {a} and {b}): the gate would judge images the fallback "
                             f"tuned on. Keep them apart, or leave out tune_dir to tune on a part of data_dir")
         return tune, ev, f"evaluation.tune_dir {e.tune_dir}"
-    tune, judge = split_held_out(ev, e.tune_share)
+    tune, judge = split_held_out(ev, e.tune_share, e.seed)
     if not len(tune) or not len(judge):
         raise DataError(f"evaluation.data_dir {e.data_dir} holds {len(ev)} image(s): too few to tune the automatic "
                         f"fallback on {e.tune_share:.0%} of them and gate on the rest; add images or give "
                         f"evaluation.tune_dir")
-    return tune, judge, f"{e.tune_share:.0%} of each folder of evaluation.data_dir {e.data_dir}"
+    return tune, judge, (f"{e.tune_share:.0%} of each folder of evaluation.data_dir {e.data_dir}, drawn with "
+                         f"evaluation.seed {e.seed}")
 
 
 def focus_ranking(sensitivity: dict, m, names: dict | None):

@@ -6,11 +6,17 @@ deploy graph keep it as a float op -- until the accuracy check passes or ``max_o
 float, in the manner of AMCT's accuracy-based auto calibration and NNCF's
 quantize_with_accuracy_control.  Every step's accuracy is recorded.  Where the check names what fails
 (a detector's failing heads), each next op is the most sensitive on that (``rerank``).
+
+A check that gives a ``verdict`` (``evaluation.intervals``: every figure with a bootstrap interval) stops the
+roll-back once no figure FAILs on the tuning images: an UNDECIDED figure -- its interval straddles the limit --
+is within sampling noise of it, and rolling another layer back for noise would cost INT8 for nothing (the gate
+then judges its own images, ``evaluation.on_undecided`` deciding an UNDECIDED verdict there).
 """
 from __future__ import annotations
 
 from typing import Callable
 
+from ..evaluation.intervals import settled
 from .qparams import QuantParams
 
 
@@ -32,9 +38,11 @@ def roll_back(qparams: QuantParams, ranking: list[str], check: Callable[[QuantPa
     while True:
         current = without(qparams, in_float)
         result = check(current)
+        done = settled(result["verdict"]) if "verdict" in result else bool(result["passed"])
         steps.append({"float_ops": [{"node": n, "scope": scopes[n]} for n in in_float],
-                      "int8_ops": len(current.ops), **{k: result[k] for k in fields}, "passed": bool(result["passed"])})
-        if result["passed"] or len(in_float) >= min(max_ops, len(candidates)):
+                      "int8_ops": len(current.ops), **{k: result[k] for k in fields}, "passed": done,
+                      **({"verdict": result["verdict"]} if "verdict" in result else {})})
+        if done or len(in_float) >= min(max_ops, len(candidates)):
             return current, steps
         order = [n for n in rerank(result) if n in scopes] if rerank else candidates
         in_float.append(next(n for n in order + candidates if n not in in_float))
