@@ -149,14 +149,16 @@ def _task_shard(shared, paths) -> tuple[np.ndarray, list]:
     stats, records = [], []
     for batch_paths, images, fp, q in both_outputs(ev, graph, deploy, aipp_params, paths, names):
         stats.append(region_sums(fp, q, regions, len(images)))
-        records.append(task.record(fp, q, Batch(tuple(batch_paths), tuple(shown[p] for p in batch_paths), images)))
+        record = task.record(fp, q, Batch(tuple(batch_paths), tuple(shown[p] for p in batch_paths), images))
+        records.extend(record) if task.records_per_image else records.append(record)
     return (np.concatenate(stats) if stats else np.zeros((0, len(regions), 5))), records
 
 
 def task_run(ev, graph, deploy, aipp_params: dict, regions: list, metric: str, options: dict,
              names: dict | None = None) -> tuple[np.ndarray, list]:
-    """(``runs.region_sums`` of every held-out image, the task metric's record of every batch in order), sharded
-    over ``ev.engine`` with the single process's results; outputs named as ``runs.output_names`` says."""
+    """(``runs.region_sums`` of every held-out image, the task metric's records in image order: one per batch, or
+    one per image for a metric with ``records_per_image``), sharded over ``ev.engine`` with the single process's
+    results; outputs named as ``runs.output_names`` says."""
     shared = (ev, graph, deploy, aipp_params, regions, metric, dict(options), names)
     parts = sharded_parts(_task_shard, shared, ev)
     return np.concatenate([s for s, _ in parts]), [r for _, rs in parts for r in rs]
@@ -225,8 +227,6 @@ class Task:
         def check(qparams) -> dict:
             stats, records = task_run(ev, graph, quantized_graph(folded, qparams), aipp_params, regions,
                                       limits.metric, dict(limits.options), names)
-            if metric.records_per_image:
-                records = [x for batch in records for x in batch]
             numbers = metric.summarize(records)
             checks = judge(numbers, limits, metric.defaults)
             rows = region_rows(stats, regions, list(ev.names))
