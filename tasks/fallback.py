@@ -1,6 +1,7 @@
 """fallback: the INT8 parameters the build uses: as calibrated (``quantization.fallback = "off"``), or with
-"auto" those left once the most sensitive ops were rolled back to float16 until the gate's check passes on the
-tuning images (or ``max_fallback`` ops are in float); each next op the most sensitive on what the last check
+"auto" those left once the most sensitive ops were rolled back to float16 until no figure of the gate's check
+FAILs on the tuning images -- an UNDECIDED one is within its bootstrap interval of the limit, noise, and stops the
+roll-back (``quantization.fallback.roll_back``) -- or ``max_fallback`` ops are in float; each next op the most sensitive on what the last check
 failed (the outputs gate: the outputs below the limit).
 
 The tuning images are never the gate's: ``evaluation.tune_dir`` when given (an image in it and in
@@ -111,7 +112,7 @@ def fallback_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, aipp_d
         for i, st in enumerate(steps):
             names = ", ".join(f["scope"] for f in st["float_ops"]) or "none"
             print(f"fallback step {i}: {st['int8_ops']} INT8 ops, {m.step_line(st)} "
-                  f"{'PASS' if st['passed'] else 'fail'}; in float16: {names}")
+                  f"{st.get('verdict', 'PASS' if st['passed'] else 'FAIL')}; in float16: {names}")
     qp.save(kdir)
     write_json(kdir / FALLBACK_JSON, result)
     return result

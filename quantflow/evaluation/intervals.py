@@ -139,8 +139,9 @@ def line(f: dict) -> str:
                  else ", on its limit")
     b = f.get("baseline")
     if b:
+        diff = "" if b.get("low") is None else f", difference [{number(b['low'])}, {number(b['high'])}]"
         said += (f"; against the baseline {number(b['value'])}: "
-                 f"{'WORSE' if b['worse'] else 'not worse'} ({b['method']})")
+                 f"{'WORSE' if b['worse'] else 'not worse'} ({b['method']}{diff})")
     return said
 
 
