@@ -9,7 +9,7 @@ def format_table(r: dict) -> str:
     and its figure there), then the metric's own table."""
     verdict = "PASS" if r["passed"] else "FAIL"
     head = [f"accuracy gate: {verdict}  ({r['images']} held-out images from {r.get('eval_data', '?')}, "
-            f"calibration method {r.get('calibration_method', '?')}, {r.get('quantized_ops', '?')} INT8 ops)"]
+            f"calibration method {r.get('calibration_method', '?')}, {int8_ops(r)})"]
     t = r.get("tuning")
     if t:
         head.append(f"  the fallback tuned on {t['images']} other images ({t['source']}): {t['figure']} "
@@ -21,3 +21,10 @@ def format_table(r: dict) -> str:
         head.append(f"  {len(r['float16_layers'])} quantizable layer(s) run in float16 on the device (the report and "
                     f"qparams.json say why)")
     return "\n".join(head + metric(r).table(r))
+
+
+def int8_ops(r: dict) -> str:
+    """"4 INT8 ops: 2 Conv2D, 2 MatMul" (the op types where the report holds them)."""
+    types = r.get("int8_op_types")
+    said = f"{r.get('quantized_ops', '?')} INT8 ops"
+    return f"{said}: {', '.join(f'{n} {op}' for op, n in types.items())}" if types else said
