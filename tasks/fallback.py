@@ -60,30 +60,33 @@ def tuning_and_gate_sets(cfg):
                          f"evaluation.seed {e.seed}")
 
 
-def focus_ranking(sensitivity: dict, m, names: dict | None):
-    """``rerank(report)`` for ``roll_back``: the layers most harmful to what a failed check points at, by the
-    per-layer analysis's own figures: the failing parts (``per_part``, where the analysis measured them), with
-    any failing whole outputs it measured apart; else the outputs ``m.focus`` names (a failing part: its output),
-    by the per-output figures, which name the outputs as the graph IR does (``names``: IR name -> the model
-    file's)."""
-    from quantflow.quantization.sensitivity import rank
-
+def focus(sensitivity: dict, m, names: dict | None, report: dict) -> tuple[list[str] | None, list[str] | None]:
+    """What a failed ``report`` points at, as ``(outputs, parts)`` for ``sensitivity.rank`` and ``figure``: the
+    failing parts (``per_part``, where the per-layer analysis measured them), with any failing whole outputs it
+    measured apart; else the outputs ``m.focus`` names (a failing part: its output), by the per-output figures,
+    which name the outputs as the graph IR does (``names``: IR name -> the model file's); (None, None) for the
+    outputs pooled."""
     ops = sensitivity["ops"]
     ir_name = {shown: ir for ir, shown in (names or {}).items()}
 
     def measured(key: str, name: str) -> bool:
         return all(name in r.get(key, {}) for r in ops)
 
-    def rerank(report: dict) -> list[str]:
-        failing, rows = set(report.get("failures", [])), report.get("outputs", [])
-        parts = [r["part"] for r in rows if r.get("part") in failing]
-        if parts and all(measured("per_part", p) for p in parts):
-            whole = [ir_name.get(r["output"], r["output"]) for r in rows
-                     if not r.get("part") and r["output"] in failing]
-            return rank(ops, [o for o in whole if measured("per_output", o)], parts)
-        focus = m.focus(report)
-        return rank(ops, [ir_name.get(o, o) for o in focus] if focus else None)
-    return rerank
+    failing, rows = set(report.get("failures", [])), report.get("outputs", [])
+    parts = [r["part"] for r in rows if r.get("part") in failing]
+    if parts and all(measured("per_part", p) for p in parts):
+        whole = [ir_name.get(r["output"], r["output"]) for r in rows if not r.get("part") and r["output"] in failing]
+        return [o for o in whole if measured("per_output", o)], parts
+    outputs = m.focus(report)
+    return ([ir_name.get(o, o) for o in outputs] if outputs else None), None
+
+
+def focus_ranking(sensitivity: dict, m, names: dict | None):
+    """``rerank(report)`` for ``roll_back``: the layers most harmful to what a failed check points at
+    (``focus``)."""
+    from quantflow.quantization.sensitivity import rank
+
+    return lambda report: rank(sensitivity["ops"], *focus(sensitivity, m, names, report))
 
 
 def fallback_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, aipp_dir: Path | None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ from quantflow.report.files import JUNIT_XML, REPORT_DRAWS, REPORT_HTML, REPORT_
 from . import sensitivity as analysis
 from .aipp import read_params
 from .calibrate import load_histograms
-from .fallback import FALLBACK_JSON, evaluation_inputs, tuning_and_gate_sets
+from .fallback import FALLBACK_JSON, evaluation_inputs, focus, tuning_and_gate_sets
 from .inputs import output_names, read_graph
 from .stage import Stage
 
@@ -58,7 +59,7 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
     report = m.evaluate(ev, cfg.evaluation, graph, fold_for_quantization(graph), qp, read_params(aipp_dir),
                         output_names(cfg, graph))
     report.update(metric=m.name, eval_data=str(cfg.evaluation.data_dir), calibration_method=qp.method,
-                  quantized_ops=len(qp.ops),
+                  quantized_ops=len(qp.ops), int8_op_types=dict(Counter(op.op for op in qp.ops)),
                   float16_layers=[{"layer": f.scope, "op": f.op, "reason": f.reason} for f in qp.float16])
     note = precision_note(cfg.build.precision_mode)
     if note:
@@ -83,6 +84,10 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
         print("gate: WARNING: UNDECIDED, passed as evaluation.on_undecided = \"warn\" says: "
               + "; ".join(line(f) for f in report["figures"] if f["verdict"] == UNDECIDED))
     layers = sensitivity(bool(failure))
+    if layers is not None and failure:
+        # what fails the build: the figures that FAIL, are worse than the baseline, or are UNDECIDED
+        failing = list(dict.fromkeys(report.get("failures", []) + report.get("worse", []) + report.get("undecided", [])))
+        layers = _focused(layers, m, output_names(cfg, graph), dict(report, failures=failing))
     html.write(kdir / REPORT_HTML, f"quantflow build report: {cfg.model.entry or cfg.model.mindir or cfg.model.onnx}",
                report, layers, load_histograms(calibrate_dir, QuantParams.load(calibrate_dir)), fallback)
     print(f"build report: {kdir / REPORT_HTML}")
@@ -126,12 +131,28 @@ def _tuning(cfg, fallback: dict, ev) -> dict | None:
             "figure": metric(fallback.get("metric", cfg.evaluation.metric)).step_line(last)}
 
 
+def _focused(sensitivity: dict, m, names: dict | None, report: dict) -> dict:
+    """The per-layer analysis ranked by what fails in ``report`` (``fallback.focus``: a failing part by its own
+    figure, not the whole output's), as the fallback would take the layers; ``focus`` records what it ranks by
+    (empty lists: the outputs pooled)."""
+    from quantflow.quantization.sensitivity import rank
+
+    outputs, parts = focus(sensitivity, m, names, report)
+    return {**sensitivity, "ranking": rank(sensitivity["ops"], outputs, parts),
+            "focus": {"outputs": outputs or [], "parts": parts or []}}
+
+
 def _advice(sensitivity: dict, qp, cfg) -> str:
-    """The most sensitive layers still in INT8 and the settings to try."""
+    """The most sensitive layers still in INT8 (ranked by what fails: ``_focused``) and the settings to try."""
+    from quantflow.quantization.sensitivity import figure, focus_label
+
     int8 = {op.node: op.scope for op in qp.ops}
     worst = [n for n in sensitivity["ranking"] if n in int8][:ADVICE_LAYERS]
     rows = {r["node"]: r for r in sensitivity["ops"]}
-    layers = "; ".join(f"{int8[n]} (output SQNR {rows[n]['output']['sqnr_db']:.1f} dB alone in INT8)" for n in worst)
+    f = sensitivity.get("focus") or {}
+    what = focus_label(sensitivity) if f.get("outputs") or f.get("parts") else None
+    layers = "; ".join(f"{int8[n]} ({what or 'output'} SQNR {figure(rows[n], f.get('outputs'), f.get('parts')):.1f} "
+                       f"dB alone in INT8)" for n in worst)
     tries = []
     if cfg.quantization.fallback == "off":
         tries.append('quantization.fallback = "auto" (rolls the most sensitive layers back to float16)')
@@ -140,7 +161,7 @@ def _advice(sensitivity: dict, qp, cfg) -> str:
     if cfg.calibration.method != "mse":
         tries.append('calibration.method = "mse"')
     tries.append("quantization.skip = [<layer>] for a layer above")
-    return f". Most sensitive layers: {layers}. Try {'; or '.join(tries)}"
+    return f". Most sensitive layers{f' for {what}' if what else ''}: {layers}. Try {'; or '.join(tries)}"
 
 
 def _key_inputs(b) -> dict:

@@ -307,6 +307,11 @@ def test_int8_losing_the_class_scores_fails_by_part_by_detections_and_by_the_use
     ops = json.loads(analysis.read_text())["ops"]
     assert ops and all(set(r["per_part"]) == {"boxes", "scores"} for r in ops)
     assert min(r["per_part"]["scores"]["sqnr_db"] for r in ops) < min(r["per_part"]["boxes"]["sqnr_db"] for r in ops)
+    # the message and the report rank the layers by the failing part, in the order the fallback takes them
+    by_scores = [r["scope"] for r in sorted(ops, key=lambda r: (r["per_part"]["scores"]["sqnr_db"], r["node"]))]
+    named = out[out.index("Most sensitive layers for part scores: "):].split(": ", 1)[1].split(". Try ")[0]
+    assert [layer.split(" (part scores SQNR")[0] for layer in named.split("; ")] == by_scores[:len(named.split("; "))]
+    assert "<th>part scores SQNR dB</th>" in html
 
     proc, _, report, _ = _build(project, "detection.toml", 'metric = "detection"')
     out = proc.stdout + proc.stderr

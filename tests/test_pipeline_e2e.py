@@ -23,7 +23,7 @@ def test_first_run_executes_every_stage(built_demo):
     assert task_lines(proc.stdout) == {t: "up-to-date" if t == "train" else "ran" for t in ALL}
     out = proc.stdout
     assert "SKIPPED AIR export" in out and "Ascend backend" in out
-    assert "exported INT8 deploy graph (2 AscendQuant/AscendDequant pairs)" in out  # the convolutions: float16
+    assert "exported INT8 deploy graph (4 AscendQuant/AscendDequant pairs)" in out  # the stem: float16
     assert "IR float output matches MindSpore on 2 calibration images" in out
     assert "SKIPPED atc conversion for Ascend310P3" in out and "no .om was written" in out
     assert not list((project / "build").rglob("*.om"))
@@ -41,10 +41,12 @@ def test_first_run_executes_every_stage(built_demo):
     assert s["om"] is None and s["air"] is None and s["atc"].startswith("skipped: ")
     kdir = dirs["graph"]
     graph = json.loads((kdir / "graph.json").read_text())
-    assert graph["ops"]["Conv2D"] == 2 and graph["verify"]["relative_diff"] < 1e-3
+    assert graph["ops"]["Conv2D"] == 3 and graph["verify"]["relative_diff"] < 1e-3
     assert graph["float16_assumed_ops"] == []  # BatchNorm folded; the rest is exact in float16
     qparams = json.loads((dirs["calibrate"] / "qparams.json").read_text())
-    assert [q["op"] for q in qparams["ops"]] == ["Conv2D", "Conv2D", "MatMul", "MatMul"]
+    assert [q["op"] for q in qparams["ops"]] == ["Conv2D", "Conv2D", "Conv2D", "MatMul", "MatMul"]
+    # the stem reads 3 channels (CANN runs it in float16); every other layer runs in INT8, convolutions included
+    assert [(q["op"], q["device_precision"]) for q in qparams["ops"]][:2] == [("Conv2D", "float16"), ("Conv2D", "int8")]
     assert json.loads((dirs["fallback"] / "qparams.json").read_text()) == qparams  # fallback off: as calibrated
     assert s["float16_fallback"] == [] and s["report"] == str(dirs["gate"] / "report.html")
     assert s["sensitivity"] is None and not (project / "build" / "artifacts" / "sensitivity").exists()  # passed

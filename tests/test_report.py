@@ -543,3 +543,40 @@ def test_the_report_says_which_layers_run_in_float16_and_what_precision_was_mode
     assert "2 layers run in INT8; 1 quantizable layer(s) in float16" in device
     assert "Default/stem/Conv2D-op0" in device and "rolls such convolutions back" in device
     assert "allow_fp32_to_fp16" in device
+
+
+def test_a_failing_part_ranks_the_layers_by_that_part_in_the_message_and_the_chart():
+    """The whole output ranks op 6 first; the failing part "scores" is hurt most by op 1 (then op 2): the gate's
+    advice and the report's table and chart follow the part, as the fallback takes the layers."""
+    from types import SimpleNamespace
+
+    from quantflow.quantization.sensitivity import figure
+    from quantflow.tasks.gate import _advice, _focused
+
+    s = sensitivity()
+    for r in s["ops"]:
+        i = int(r["node"][4:])
+        r["per_part"] = {"boxes": dict(r["output"]), "scores": {"sqnr_db": 40.0 if i > 2 else 5.0 * i, "cosine": 0.9}}
+    gate = _parts_report()
+    focused = _focused(s, metric(gate), None, gate)
+    by_scores = [r["node"] for r in sorted(s["ops"], key=lambda r: (r["per_part"]["scores"]["sqnr_db"], r["node"]))]
+    assert focused["ranking"] == by_scores and by_scores[:3] == ["node0", "node1", "node2"] != s["ranking"][:3]
+    assert focused["focus"] == {"outputs": [], "parts": ["scores"]}
+
+    qp = QuantParams("kl", [QuantizedOp(node=f"node{i}", scope=f"Default/block{i}-Cell/Conv2D-op{i}", op="Conv2D",
+                                        input=f"t{i}", scale_d=0.1, offset_d=0, scale_w=np.ones(1), channel_axis=0,
+                                        weight=np.ones((1, 1, 1, 1), np.int8), bias=np.zeros(1, np.int32),
+                                        deq_scale=np.ones(1, np.float32)) for i in range(N_OPS)])
+    cfg = SimpleNamespace(quantization=SimpleNamespace(fallback="off", max_fallback=5),
+                          calibration=SimpleNamespace(method="mse"))
+    advice = _advice(focused, qp, cfg)
+    named = [layer.split(" (")[0] for layer in advice.split("Most sensitive layers for part scores: ")[1].split("; ")]
+    assert named[:3] == [f"Default/block{i}-Cell/Conv2D-op{i}" for i in (0, 1, 2)]
+    assert "(part scores SQNR 5.0 dB alone in INT8)" in advice
+
+    rep = Report(render("m", gate, focused, {}, None))
+    rows = rep.sections["sensitivity"]["rows"]
+    assert rows[0][4] == "part scores SQNR dB"
+    assert [r[0] for r in rows[1:]] == [str(i) for i in range(1, N_OPS + 1)]
+    assert [float(r[4]) for r in rows[1:]] == sorted(figure(r, None, ["scores"]) for r in s["ops"])
+    assert "ranked by what fails: the part scores" in rep.text("sensitivity")

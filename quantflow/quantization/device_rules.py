@@ -14,8 +14,10 @@ instead of writing a quantization the device would discard.
 
 MatMulV2 (ONNX Gemm) is never rolled back by CANN (``MatmulV2QuantProcessFusionPass::GetQuantProcessMode``
 always chooses BIAS_OPTIMIZE), but the MindSpore deploy network writes a quantized Dense as a 1x1 Conv2D on
-its reshaped input (``quantflow.ops.nn``), which the Conv2D rule rolls back; so a MatMul reading 16 features or
-fewer is left in float16 too, and both deploy graphs compute the same thing.
+its reshaped input (``quantflow.ops.nn``), which the Conv2D rule rolls back.  Leaving a MatMul reading 16
+features or fewer in float16 in both deploy graphs (and the emulation) is therefore quantflow's choice, for
+consistency -- the ONNX deploy graph's Gemm would stay INT8 under CANN's own rule -- so that both deploy graphs
+compute the same thing (CANN's MatMulV2 and BatchMatMulV2 quant passes never roll back).
 
 Whether a newer CANN keeps such layers INT8: ATC's ``--compression_optimize_conf`` option
 ``enable_first_layer_quantization`` (with ``--enable_small_channel=1``, Atlas inference series) fuses AIPP with
@@ -36,4 +38,5 @@ def rollback_reason(op: str, in_channels: int) -> str | None:
         return (f"{in_channels} input channels <= {MIN_BIAS_OPTIMIZE_CHANNEL}: CANN's quant pass rolls such "
                 f"convolutions back to float16")
     return (f"{in_channels} input features <= {MIN_BIAS_OPTIMIZE_CHANNEL}: written as a 1x1 Conv2D in the "
-            f"MindSpore deploy network, which CANN's quant pass rolls back to float16")
+            f"MindSpore deploy network, which CANN's quant pass rolls back to float16; quantflow leaves it float16 "
+            f"in the ONNX deploy graph too, for consistency (CANN would keep that Gemm INT8)")

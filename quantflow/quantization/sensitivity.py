@@ -97,18 +97,29 @@ class _ChannelShift:
         return np.where(self.count > 0, self.sum / np.maximum(self.count, 1), 0.0)
 
 
+def figure(row: dict, outputs: list[str] | None = None, parts: list[str] | None = None) -> float:
+    """The SQNR (dB) ``rank`` orders op row ``row`` by: the network's output with the op alone in INT8, all
+    outputs pooled; given ``outputs`` and/or ``parts``, the least SQNR among those outputs and parts (where the
+    row holds their figures; else pooled)."""
+    figures = [row.get("per_output", {}).get(o) for o in outputs or ()] + [
+        row.get("per_part", {}).get(p) for p in parts or ()]
+    if figures and all(figures):
+        return min(f["sqnr_db"] for f in figures)
+    return row["output"]["sqnr_db"]
+
+
 def rank(rows: list[dict], outputs: list[str] | None = None, parts: list[str] | None = None) -> list[str]:
-    """The ops of ``rows`` (``Sensitivity.rows``, or a sensitivity.json's "ops"), most harmful first: by the
-    SQNR of the network's output with the op alone in INT8, all outputs pooled; given ``outputs`` and/or
-    ``parts``, by the least SQNR among those outputs and parts (for rows that hold their figures; else pooled).
-    Ties go by node name."""
-    def key(r):
-        figures = [r.get("per_output", {}).get(o) for o in outputs or ()] + [
-            r.get("per_part", {}).get(p) for p in parts or ()]
-        if figures and all(figures):
-            return min(f["sqnr_db"] for f in figures), r["node"]
-        return r["output"]["sqnr_db"], r["node"]
-    return [r["node"] for r in sorted(rows, key=key)]
+    """The ops of ``rows`` (``Sensitivity.rows``, or a sensitivity.json's "ops"), most harmful first, by ``figure``
+    (given ``outputs`` and/or ``parts``: by what those measure).  Ties go by node name."""
+    return [r["node"] for r in sorted(rows, key=lambda r: (figure(r, outputs, parts), r["node"]))]
+
+
+def focus_label(analysis: dict) -> str:
+    """What an analysis's ranking measures (its ``focus``, set where a failing gate ranked it by what fails):
+    "network output", or the parts and outputs it ranks by."""
+    f = analysis.get("focus") or {}
+    said = [f"part {p}" for p in f.get("parts", [])] + [f"output {o}" for o in f.get("outputs", [])]
+    return " / ".join(said) or "network output"
 
 
 @dataclass

@@ -20,7 +20,9 @@ from ..evaluation.metrics import metric
 from ..evaluation.outputs import rows_details
 from ..io.atomic import write_text
 from ..quantization.qparams import short_names
+from ..quantization.sensitivity import figure, focus_label
 from . import plots
+from .text import int8_ops
 
 WORST_LAYERS = 5
 
@@ -49,7 +51,8 @@ def _verdict_rows(m, gate: dict) -> list[list]:
         rows = [["held-out images", f"{gate['images']} (the gate's: none tuned on)"]] + m.summary_rows(gate) + [
             ["fallback tuned on", f"{t['images']} images: {t['source']}"],
             ["fallback's figure on them", f"{t['figure']} ({'passed' if t['passed'] else 'failed'})"]]
-    return rows + [["INT8 ops", gate.get("quantized_ops", "?")], ["range method", gate.get("calibration_method", "?")]]
+    return rows + [["INT8 ops", int8_ops(gate).replace(" INT8 ops", "")],
+                   ["range method", gate.get("calibration_method", "?")]]
 
 
 def figure_rows(gate: dict) -> tuple[list[str], list[list]]:
@@ -110,19 +113,25 @@ def render(title: str, gate: dict, sensitivity: dict | None, histograms: dict, f
         rows = {r["node"]: r for r in sensitivity["ops"]}
         ranked = [rows[n] for n in sensitivity["ranking"]]
         short = short_names([r["scope"] for r in sensitivity["ops"]] + [h["scope"] for h in histograms.values()])
+        focus = sensitivity.get("focus") or {}
+        what = focus_label(sensitivity)
         parts += [f'<section id="sensitivity"><h2>Per-layer sensitivity ({sensitivity["images"]} calibration '
                   f'images)</h2>',
                   "<p>SQNR and cosine similarity against FP32: the network output and the layer's own output with "
                   "that layer alone in INT8, and the layer's output with every layer in INT8 (cumulative). Most "
-                  "sensitive first.</p>"]
+                  "sensitive first" + (f", ranked by what fails: the {html.escape(what)} with the layer alone in "
+                                       f"INT8 (the order the fallback takes layers in)" if focus else "") + ".</p>"]
         if ranked:
-            parts.append(_img(plots.sensitivity_chart([short[r["scope"]] for r in ranked],
-                                                      [r["output"]["sqnr_db"] for r in ranked],
-                                                      [r["alone"]["sqnr_db"] for r in ranked]),
-                              "per-layer sensitivity"))
-        parts += [_table(["rank", "layer", "op", "range", "output SQNR dB", "output cosine", "alone SQNR dB",
-                          "cumulative SQNR dB", "full layer name"],
+            parts.append(_img(plots.sensitivity_chart(
+                [short[r["scope"]] for r in ranked],
+                [figure(r, focus.get("outputs"), focus.get("parts")) for r in ranked],
+                [r["alone"]["sqnr_db"] for r in ranked], first=f"{what}, this layer alone INT8"),
+                "per-layer sensitivity"))
+        ranked_by = [f"{what} SQNR dB"] if focus else []
+        parts += [_table(["rank", "layer", "op", "range", *ranked_by, "output SQNR dB", "output cosine",
+                          "alone SQNR dB", "cumulative SQNR dB", "full layer name"],
                          [[i, (short[r["scope"]], r["scope"]), r["op"], r.get("method", ""),
+                           *([f"{figure(r, focus.get('outputs'), focus.get('parts')):.1f}"] if focus else []),
                            f"{r['output']['sqnr_db']:.1f}", f"{r['output']['cosine']:.5f}",
                            f"{r['alone']['sqnr_db']:.1f}", f"{r['cumulative']['sqnr_db']:.1f}", r["scope"]]
                           for i, r in enumerate(ranked, 1)], "layers"),

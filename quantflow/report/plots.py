@@ -21,13 +21,15 @@ def _png(plt, fig) -> bytes:
     return buf.getvalue()
 
 
-def sensitivity_chart(labels: list[str], output_db: list[float], alone_db: list[float]) -> bytes:
-    """Horizontal bars: per-layer SQNR (dB) of the network output and of the layer's own output with
-    that layer alone in INT8; most sensitive at the top; ``labels``: the layers' (short) names, as given."""
+def sensitivity_chart(labels: list[str], output_db: list[float], alone_db: list[float],
+                      first: str = "network output, this layer alone INT8") -> bytes:
+    """Horizontal bars: per-layer SQNR (dB) of the network output (or of what ``first`` names: the part a
+    failing gate ranks by) and of the layer's own output with that layer alone in INT8; most sensitive at the
+    top; ``labels``: the layers' (short) names, as given."""
     plt, (fig, ax) = _figure(9, max(2.5, 0.32 * len(labels) + 1.2))
     y = np.arange(len(labels))
     cap = lambda v: [min(x, 99.0) for x in v]  # noqa: E731  (an exact layer has infinite SQNR)
-    ax.barh(y - 0.2, cap(output_db), height=0.4, label="network output, this layer alone INT8")
+    ax.barh(y - 0.2, cap(output_db), height=0.4, label=first)
     ax.barh(y + 0.2, cap(alone_db), height=0.4, label="this layer's output, alone INT8")
     ax.set_yticks(y, labels, fontsize=7)
     ax.set_ylim(len(labels) - 0.5, -0.5)   # most sensitive at the top, no empty rows above or below

@@ -12,7 +12,7 @@ def format_table(r: dict) -> str:
     if r.get("verdict") and r["verdict"] != verdict:
         verdict = f"{verdict} ({r['verdict']}, evaluation.on_undecided = \"{r['on_undecided']}\")"
     head = [f"accuracy gate: {verdict}  ({r['images']} held-out images from {r.get('eval_data', '?')}, "
-            f"calibration method {r.get('calibration_method', '?')}, {r.get('quantized_ops', '?')} INT8 ops)"]
+            f"calibration method {r.get('calibration_method', '?')}, {int8_ops(r)})"]
     if r.get("figures"):
         b = r["bootstrap"]
         head.append(f"  gated figures, each with its {b['confidence']:.0%} paired bootstrap interval over the held-out "
@@ -34,3 +34,10 @@ def format_table(r: dict) -> str:
         head.append(f"  {len(r['float16_layers'])} quantizable layer(s) run in float16 on the device (the report and "
                     f"qparams.json say why)")
     return "\n".join(head + metric(r).table(r))
+
+
+def int8_ops(r: dict) -> str:
+    """"4 INT8 ops: 2 Conv2D, 2 MatMul" (the op types where the report holds them)."""
+    types = r.get("int8_op_types")
+    said = f"{r.get('quantized_ops', '?')} INT8 ops"
+    return f"{said}: {', '.join(f'{n} {op}' for op, n in types.items())}" if types else said

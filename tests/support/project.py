@@ -59,15 +59,16 @@ def onnx_config(demo: Path, onnx_name: str) -> str:
 
 
 def task_lines(output: str) -> dict[str, str]:
-    """doit's per-task status lines: {'train': 'ran' | 'up-to-date' | 'ignored'}."""
+    """doit's per-task status lines: {'train': 'ran' | 'up-to-date' | 'ignored'}.  Found at the end of a line,
+    not only at its start: under ``doit -n 2`` a stage's own output, written by another process, can hold part of
+    a line when doit's reporter prints its marker."""
+    kinds = {".  ": "ran", "-- ": "up-to-date", "!! ": "ignored"}
     status = {}
-    for line in output.splitlines():
-        if line.startswith(".  "):
-            status[line[3:].strip()] = "ran"
-        elif line.startswith("-- "):
-            status[line[3:].strip()] = "up-to-date"
-        elif line.startswith("!! "):
-            status[line[3:].strip()] = "ignored"
+    from quantflow.tasks import STAGES
+
+    for m in re.finditer(r"(\.  |-- |!! )([A-Za-z0-9_:-]+)[ \t]*$", output, re.M):
+        if m.group(2) in STAGES:
+            status[m.group(2)] = kinds[m.group(1)]
     return status
 
 
