@@ -229,7 +229,8 @@ def test_a_detector_project_is_gated_on_every_output(tmp_path):
     steps, tuned = fallback["steps"], fallback["tuning"]["names"]
     sensitivity = json.loads((dirs["sensitivity"] / "sensitivity.json").read_text())
     assert not steps[0]["passed"] and steps[0]["least_cosine"] == tuned_least and len(steps) >= 2
-    assert steps[-1]["passed"] and steps[-1]["least_cosine"] >= limit and steps[-1]["failures"] == []
+    # the roll-back stops once no figure FAILs on the tuning images (an UNDECIDED one is noise around the limit)
+    assert steps[-1]["passed"] and steps[-1]["verdict"] != "FAIL" and steps[-1]["failures"] == []
     for before, after in zip(steps, steps[1:]):
         assert before["failures"] and all(set(before["failures"]) <= set(r["per_output"]) for r in sensitivity["ops"])
         done = [f["node"] for f in before["float_ops"]]
@@ -240,7 +241,7 @@ def test_a_detector_project_is_gated_on_every_output(tmp_path):
     assert gate["tuning"]["passed"] and f"the fallback tuned on {len(tuned)} other images" in rolled.stdout
     # the gate's verdict is its own figure on the images the fallback did not tune on, not the tuning figure
     assert gate["least_cosine"] != steps[-1]["least_cosine"]
-    assert gate["passed"] == (gate["least_cosine"] >= limit) and rolled.returncode == (0 if gate["passed"] else 1)
+    assert gate["passed"] == (gate["verdict"] == "PASS") and rolled.returncode == (0 if gate["passed"] else 1)
     assert all(o["worst_image"] in gate["judged"] for o in gate["outputs"])
     assert "<th>least cosine</th>" in (dirs["gate"] / "report.html").read_text()
 
@@ -352,7 +353,8 @@ def test_the_fallback_tunes_on_images_the_gate_does_not_judge(yolo_project):
     assert report["tuning"]["figure"].startswith("f1 ") and report["numbers"]["f1"] >= 0.9
     assert "the fallback tuned on 20 other images" in proc.stdout
     html = (gate / "report.html").read_text()
-    assert "<td>fallback tuned on</td><td>20 images: 50% of each folder of evaluation.data_dir heldout</td>" in html
+    assert ("<td>fallback tuned on</td><td>20 images: 50% of each folder of evaluation.data_dir heldout, drawn with "
+            "evaluation.seed 0</td>") in html
 
     # a tuning folder of its own: the gate judges every held-out image
     shutil.copytree(REPO / "calib_data" / "3", project / "tune")
