@@ -91,6 +91,7 @@ def focus_ranking(sensitivity: dict, m, names: dict | None):
 
 def fallback_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, aipp_dir: Path | None,
                    sensitivity: dict | None) -> dict:
+    from quantflow.evaluation.intervals import settled
     from quantflow.evaluation.metrics import metric
     from quantflow.quantization.fallback import roll_back
     from quantflow.quantization.passes import fold_for_quantization
@@ -108,7 +109,8 @@ def fallback_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, aipp_d
         names = output_names(cfg, graph)
         check = m.checker(tune, cfg.evaluation, graph, fold_for_quantization(graph), read_params(aipp_dir), names)
         qp, steps = roll_back(qp, sensitivity["ranking"], check, q.max_fallback, m.step_keys,
-                              rerank=focus_ranking(sensitivity, m, names))
+                              rerank=focus_ranking(sensitivity, m, names),
+                              settled=lambda report: settled(report["verdict"]))
         result = {"mode": "auto", "metric": m.name, "max_fallback": q.max_fallback, "steps": steps,
                   "float_ops": steps[-1]["float_ops"], "passed": steps[-1]["passed"],
                   "tuning": {"source": source, "images": len(tune), "names": list(tune.names)}}

@@ -24,7 +24,7 @@ from quantflow.io.digest import file_sha256
 from quantflow.report import ci
 from quantflow.io.atomic import write_json, write_text
 from quantflow.quantization.qparams import QuantParams
-from quantflow.report.files import JUNIT_XML, REPORT_DRAWS, REPORT_HTML, REPORT_JSON, REPORT_TXT, SUMMARY_MD
+from quantflow.io.files import JUNIT_XML, REPORT_DRAWS, REPORT_HTML, REPORT_JSON, REPORT_TXT, SUMMARY_MD
 
 from . import sensitivity as analysis
 from .aipp import read_params

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from quantflow.io.atomic import write_json
-from quantflow.report.files import LATEST_JSON
+from quantflow.io.files import LATEST_JSON
 
 from .stage import Stage
 

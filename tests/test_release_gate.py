@@ -177,7 +177,8 @@ def test_the_fallback_stops_once_what_is_left_is_within_the_interval():
         return _outputs(0.3 + 1.0 * left, parts=part)
 
     ranking = ["n0", "n1", "n2", "n3"]
-    selected, steps = roll_back(_qparams(), ranking, check, max_ops=4, fields=("least_cosine", "failures"))
+    selected, steps = roll_back(_qparams(), ranking, check, max_ops=4, fields=("least_cosine", "failures"),
+                                settled=lambda r: intervals.settled(r["verdict"]))
     assert [s["verdict"] for s in steps] == [FAIL, FAIL, UNDECIDED]
     assert [f["node"] for f in steps[-1]["float_ops"]] == ["n0", "n1"] and steps[-1]["passed"] is True
     assert steps[-1]["least_cosine"] < limit                      # the point figure alone would roll back more

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError, DataError
-from ..report.files import LATEST_JSON, REPORT_DRAWS, REPORT_JSON
+from ..io.files import LATEST_JSON, REPORT_DRAWS, REPORT_JSON
 from .intervals import TOLERANCE, interval
 
 
