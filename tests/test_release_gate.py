@@ -260,3 +260,21 @@ def test_an_undecided_figure_fails_its_junit_case_only_when_undecided_fails_the_
         case = next(c for c in ET.fromstring(ci.junit(r)).findall("testcase") if c.get("name") == "scores cosine")
         assert (case.find("failure") is not None) is fails
         assert fails or "UNDECIDED" in case.find("system-out").text
+
+
+def test_every_report_shows_each_figure_with_its_interval_and_verdict():
+    """The text report and report.html list each gated figure with its interval and verdict, and the outputs'
+    fidelity with their intervals."""
+    from quantflow.report.html import render
+    from quantflow.report.text import format_table
+
+    r = _outputs(0.3)
+    r.pop(DRAWS)
+    r.update(metric="outputs", quantized_ops=2, calibration_method="mse")
+    f = _scores(r)
+    text = format_table(r)
+    assert f"    {intervals.line(f)}" in text.splitlines()
+    assert f"[{f['low']:.5f}, {f['high']:.5f}]" in text                   # the scores row's cosine interval
+    page = render("t", r, None, {}, None)
+    assert "<th>95% interval</th>" in page and f"<td>{intervals.number(f['low'])}" not in page
+    assert f"<td>[{intervals.number(f['low'])}, {intervals.number(f['high'])}]</td>" in page
