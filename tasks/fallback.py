@@ -28,6 +28,7 @@ from .preflight import module_file
 from .stage import Stage
 
 FALLBACK_JSON = "fallback.json"
+GATE_ONLY = ("baseline", "on_undecided")   # [evaluation] settings the fallback does not read
 
 
 def tuning_and_gate_sets(cfg):
@@ -187,7 +188,9 @@ def _key_inputs(b) -> dict:
     if not _auto(cfg):
         return {"fallback": "off"}
     c = cfg.model_dump(mode="json")
-    return {"fallback": "auto", "max_fallback": cfg.quantization.max_fallback, "evaluation": c["evaluation"],
+    # what only the gate reads (the baseline, what UNDECIDED does to the build) does not rerun the fallback
+    evaluation = {k: v for k, v in c["evaluation"].items() if k not in GATE_ONLY}
+    return {"fallback": "auto", "max_fallback": cfg.quantization.max_fallback, "evaluation": evaluation,
             **evaluation_inputs(cfg), "normalization": c["normalization"], "num_classes": cfg.model.num_classes}
 
 
