@@ -3,7 +3,8 @@ network output, or on each part of it that ``evaluation.parts`` names (``parts.R
 (``runs.output_stats``): cosine similarity and the largest absolute difference (the first measures in CANN's Model
 Accuracy Analyzer results: "Parameters in a Complete Model Comparison Result", CANN 8.0, hiascend.com
 atlasaccuracy_16_0064), with SQNR and the worst image; passes when every gated output or part reaches its limit
-(``evaluation.min_cosine``, or a part's own ``min_cosine`` / ``min_sqnr_db``).  An output split into parts is
+(``evaluation.min_cosine``, or a part's own ``min_cosine`` / ``min_sqnr_db``) -- its bootstrap interval against
+the limit, ``judged_outputs`` (docs/release-gate.md).  An output split into parts is
 judged by its parts (its whole figures are shown beside them): the cosine of a tensor holding box coordinates
 in pixels and scores in 0..1 is the boxes' cosine."""
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..quantization.deploy import quantized_graph
+from .intervals import resampling
 from .parts import regions as resolve_regions
 from .protocol import Series, in_float
-from .intervals import resampling
 from .runs import output_names, output_stats
 from .verdicts import attach, explain, mark_rows, region_figures, with_intervals
 

@@ -19,7 +19,7 @@ Every limited number gets a bootstrap interval and a verdict (``intervals``, ``v
 per-image values are re-averaged per draw, the records re-summarized per draw.
 
 The gate passes when every number named in ``evaluation.min`` / ``evaluation.max`` (merged over the metric's
-defaults) is at least / at most its limit, and every part of ``evaluation.parts`` meets its own (the outputs'
+defaults) is at least / at most its limit (its interval against the limit: docs/release-gate.md), and every part of ``evaluation.parts`` meets its own (the outputs'
 and parts' cosine and SQNR are measured in the same pass and shown).  Only one batch of outputs is held at a
 time; the batches and their records are the same however the images are sharded (shards are contiguous runs of
 whole batches, the records are summarized in image order), so the numbers are too.
