@@ -11,8 +11,8 @@ from .intervals import FAIL, figure, mean_replicates, resampling, subset_mean_re
 from .outputs import region_rows, rows_text
 from .parts import Region
 from .protocol import Series, in_float
-from .verdicts import attach, explain, with_intervals
 from .runs import fp32_logits, int8_logits, output_names, region_sums
+from .verdicts import attach, explain, with_intervals
 
 TOP5_FROM = 100   # classes from which the report shows top-5 too (ImageNet-style heads)
 
@@ -93,8 +93,9 @@ def judged(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, limits, output: st
     report = compare(fp, q, labels, limits.threshold, limits.max_class_drop)
     r = resampling(labels, limits.resamples, limits.seed, limits.confidence)
     figures, draws = top1_figures(fp, q, labels, report, r)
-    stats = region_sums({output: fp}, {output: q}, [Region(output, output, fp.shape)], len(fp))
-    rows = with_intervals(region_rows(stats, [Region(output, output, fp.shape)], images or [""] * len(fp)), stats, r)
+    whole = [Region(output, output, (1,) + fp.shape[1:])]
+    stats = region_sums({output: fp}, {output: q}, whole, len(fp))
+    rows = with_intervals(region_rows(stats, whole, images or [""] * len(fp)), stats, r)
     report = attach(report, figures, draws, r, limits, outputs=rows)
     report["class_failures"] = [f["label"] for f in figures[1:] if f["verdict"] == FAIL]
     return report
