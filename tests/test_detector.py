@@ -335,7 +335,8 @@ def test_int8_losing_the_class_scores_fails_by_part_by_detections_and_by_the_use
     assert f["id"] == "same_best_class" and f["low"] <= agree <= f["high"] and f["verdict"] in ("FAIL", "UNDECIDED")
     assert f"same_best_class {agree:.6g} [" in proc.stdout + proc.stderr
     if f["verdict"] == "FAIL":
-        assert f"same_best_class {agree:.4f} does not meet evaluation.min.same_best_class 0.99" in proc.stdout + proc.stderr
+        said = f"same_best_class {agree:.4f} does not meet evaluation.min.same_best_class 0.99"
+        assert said in proc.stdout + proc.stderr
     # a limit at the low end of the interval: PASS
     loose = math.floor(f["low"] * 1e4) / 1e4
     proc, _, report, latest = _build(project, "mine_loose.toml", mine.replace("0.99", f"{loose:.4f}"))
