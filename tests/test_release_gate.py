@@ -278,3 +278,13 @@ def test_every_report_shows_each_figure_with_its_interval_and_verdict():
     page = render("t", r, None, {}, None)
     assert "<th>95% interval</th>" in page and f"<td>{intervals.number(f['low'])}" not in page
     assert f"<td>[{intervals.number(f['low'])}, {intervals.number(f['high'])}]</td>" in page
+
+
+def test_a_baseline_that_is_no_report_is_a_usage_error_naming_the_option(tmp_path, capsys, monkeypatch):
+    from quantflow.cli.main import main
+    from quantflow.config import BASELINE_ENV
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["build", "--baseline", "nope"]) == 2
+    assert "--baseline: nope is neither an accuracy_report.json" in capsys.readouterr().err
+    assert BASELINE_ENV not in __import__("os").environ
