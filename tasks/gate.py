@@ -2,6 +2,10 @@
 the verified AIPP config) against FP32, judged by ``evaluation.metric`` (``quantflow.evaluation``); the accuracy
 report and the HTML build report, written before a failure is raised, so a failing build has its report too.
 
+Every gated figure has a bootstrap interval and a verdict (PASS, FAIL, UNDECIDED: ``evaluation.on_undecided``),
+against ``evaluation.baseline`` too where given; the gate also writes the figures' draws (a later build pairs with
+them), JUnit XML and a Markdown summary for CI (docs/release-gate.md).
+
 With ``quantization.fallback = "auto"`` the gate judges images the fallback did not tune on
 (``fallback.tuning_and_gate_sets``; checked against the tuning images ``fallback.json`` records), and the report
 shows both figures."""
@@ -20,11 +24,11 @@ from quantflow.errors import AccuracyGateError, DataError
 from quantflow.evaluation import baseline
 from quantflow.evaluation.intervals import UNDECIDED, line
 from quantflow.evaluation.verdicts import DRAWS, rejudge
-from quantflow.io.digest import file_sha256
-from quantflow.report import ci
 from quantflow.io.atomic import write_json, write_text
-from quantflow.quantization.qparams import QuantParams
+from quantflow.io.digest import file_sha256
 from quantflow.io.files import JUNIT_XML, REPORT_DRAWS, REPORT_HTML, REPORT_JSON, REPORT_TXT, SUMMARY_MD
+from quantflow.quantization.qparams import QuantParams
+from quantflow.report import ci
 
 from . import sensitivity as analysis
 from .aipp import read_params
@@ -86,7 +90,8 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
     layers = sensitivity(bool(failure))
     if layers is not None and failure:
         # what fails the build: the figures that FAIL, are worse than the baseline, or are UNDECIDED
-        failing = list(dict.fromkeys(report.get("failures", []) + report.get("worse", []) + report.get("undecided", [])))
+        failing = list(dict.fromkeys(report.get("failures", []) + report.get("worse", [])
+                                     + report.get("undecided", [])))
         layers = _focused(layers, m, output_names(cfg, graph), dict(report, failures=failing))
     html.write(kdir / REPORT_HTML, f"quantflow build report: {cfg.model.entry or cfg.model.mindir or cfg.model.onnx}",
                report, layers, load_histograms(calibrate_dir, QuantParams.load(calibrate_dir)), fallback)
