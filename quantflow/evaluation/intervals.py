@@ -49,7 +49,9 @@ def resampling(labels, resamples: int, seed: int, confidence: float) -> Resampli
     """Stratified draws over images labelled ``labels`` (class or group per image): in every draw each label
     keeps its image count.  ``numpy.random.default_rng(seed)``, labels in sorted order: the same on any machine."""
     labels = np.asarray(labels)
-    counts = np.zeros((resamples, len(labels)), np.int32)
+    # uint8: a count above 255 in a draw of images is beyond any float's resolution of chance; 1000 draws of
+    # 50,000 images take 50 MB (the sums below read them a block of draws at a time)
+    counts = np.zeros((resamples, len(labels)), np.uint8)
     rng = np.random.default_rng(int(seed))
     for label in np.unique(labels):
         members = np.flatnonzero(labels == label)
@@ -146,25 +148,37 @@ def line(f: dict) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- replicates
+BLOCK = 64   # draws whose counts are turned into floats at a time
+
+
+def weighted_sums(counts: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``counts @ values`` (draws x images times images x k, float64), a block of draws at a time."""
+    out = np.empty((len(counts), values.shape[1]))
+    for s in range(0, len(counts), BLOCK):
+        out[s:s + BLOCK] = counts[s:s + BLOCK].astype(np.float64) @ values
+    return out
+
+
 def mean_replicates(r: Resampling, values) -> np.ndarray:
     """The mean of per-image ``values`` (images first; any further axes kept) in every draw."""
     v = np.asarray(values, np.float64)
-    flat = v.reshape(len(v), -1)
-    return ((r.counts @ flat) / np.maximum(r.counts.sum(1, keepdims=True), 1)).reshape((r.resamples,) + v.shape[1:])
+    total = np.maximum(r.counts.sum(1, dtype=np.int64), 1)[:, None]
+    return (weighted_sums(r.counts, v.reshape(len(v), -1)) / total).reshape((r.resamples,) + v.shape[1:])
 
 
 def subset_mean_replicates(r: Resampling, values, members) -> np.ndarray:
     """The mean of per-image ``values`` over the images ``members`` (a boolean mask) in every draw."""
-    c = r.counts[:, np.asarray(members, bool)]
+    m = np.asarray(members, bool)
+    c = r.counts[:, m]
     with np.errstate(invalid="ignore", divide="ignore"):
-        return (c @ np.asarray(values, np.float64)[np.asarray(members, bool)]) / c.sum(1)
+        return weighted_sums(c, np.asarray(values, np.float64)[m][:, None])[:, 0] / c.sum(1, dtype=np.int64)
 
 
 def region_replicates(r: Resampling, stats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(cosine, SQNR dB) of every region in every draw (draws x regions), from ``runs.region_sums``' per-image
     sums (images x regions x 5), re-summed over each draw's images."""
     n, regions = stats.shape[:2]
-    sums = (r.counts.astype(np.float64) @ stats[:, :, :4].reshape(n, -1)).reshape(r.resamples, regions, 4)
+    sums = weighted_sums(r.counts, stats[:, :, :4].reshape(n, -1)).reshape(r.resamples, regions, 4)
     dot, ff, dd, ee = (sums[..., i] for i in range(4))
     with np.errstate(divide="ignore", invalid="ignore"):
         cosine = np.where(ff * dd > 0, dot / np.sqrt(ff * dd), np.where((ff == 0) & (dd == 0), 1.0, 0.0))
