@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -220,6 +221,18 @@ class EvaluationSection(_Section):
         default=None, ge=0.0, le=1.0, description="largest allowed top-1 drop of any single class (off by default)")
     allow_missing_classes: bool = Field(
         default=False, description="let the gate run when some of the model's classes have no held-out images")
+    seed: int = Field(default=0, ge=0, description="seeds the tuning/gate split of data_dir and the bootstrap "
+                                                   "intervals (the same seed: the same split and intervals)")
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0,
+                              description="the confidence of every gated figure's bootstrap interval")
+    resamples: int = Field(default=1000, ge=100, le=100000,
+                           description="bootstrap resamples of the held-out images per interval")
+    on_undecided: Literal["fail", "pass", "warn"] = Field(
+        default="fail", description="what an UNDECIDED verdict (the interval straddles the limit) does to the build: "
+                                    "fail it, pass it, or pass it with a warning")
+    baseline: Optional[Path] = Field(
+        default=None, description="a previous build's accuracy_report.json or output folder: the gate also fails "
+                                  "where a gated figure is worse than it beyond the interval")
 
     @field_validator("metric")
     @classmethod
@@ -563,6 +576,9 @@ def config_from_dict(data: dict, root: Path | str = ".", source: str = "<dict>")
         raise ConfigError(_format_errors(err, source, data)) from None
 
 
+BASELINE_ENV = "QUANTFLOW_BASELINE"   # `quantflow build --baseline PATH` sets it: evaluation.baseline for the build
+
+
 def load_config(path: Path | str = DEFAULT_CONFIG_NAME) -> QuantflowConfig:
     path = Path(path)
     if path.is_dir():
@@ -579,4 +595,7 @@ def load_config(path: Path | str = DEFAULT_CONFIG_NAME) -> QuantflowConfig:
         raise ConfigError(f"{path} is not valid TOML: {err}") from None
     if "root" in data:
         raise ConfigError(f"invalid configuration in {path}:\n  root: unknown key")
+    baseline = os.environ.get(BASELINE_ENV)
+    if baseline and isinstance(data.get("evaluation"), dict):
+        data["evaluation"] = {**data["evaluation"], "baseline": str(Path(baseline).resolve())}
     return config_from_dict(data, root=path.resolve().parent, source=str(path))

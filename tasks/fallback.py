@@ -1,7 +1,8 @@
 """fallback: the INT8 parameters the build uses: as calibrated (``quantization.fallback = "off"``), or with
-"auto" those left once the most sensitive ops were rolled back to float16 until the gate's check passes on the
-tuning images (or ``max_fallback`` ops are in float); each next op the most sensitive on what the last check
-failed (the outputs gate: the outputs below the limit).
+"auto" those left once the most sensitive ops were rolled back to float16 until no figure of the gate's check
+FAILs on the tuning images -- an UNDECIDED one is within its bootstrap interval of the limit, noise, and stops the
+roll-back (``quantization.fallback.roll_back``) -- or ``max_fallback`` ops are in float; each next op the most
+sensitive on what the last check failed (the outputs gate: the outputs below the limit).
 
 The tuning images are never the gate's: ``evaluation.tune_dir`` when given (an image in it and in
 ``evaluation.data_dir`` is an error), else ``evaluation.tune_share`` of each class (or group) of
@@ -27,6 +28,7 @@ from .preflight import module_file
 from .stage import Stage
 
 FALLBACK_JSON = "fallback.json"
+GATE_ONLY = ("baseline", "on_undecided")   # [evaluation] settings the fallback does not read
 
 
 def tuning_and_gate_sets(cfg):
@@ -50,12 +52,13 @@ def tuning_and_gate_sets(cfg):
                             f"{len(both)} image(s) (e.g. {a} and {b}): the gate would judge images the fallback "
                             f"tuned on. Keep them apart, or leave out tune_dir to tune on a part of data_dir")
         return tune, ev, f"evaluation.tune_dir {e.tune_dir}"
-    tune, judge = split_held_out(ev, e.tune_share)
+    tune, judge = split_held_out(ev, e.tune_share, e.seed)
     if not len(tune) or not len(judge):
         raise DataError(f"evaluation.data_dir {e.data_dir} holds {len(ev)} image(s): too few to tune the automatic "
                         f"fallback on {e.tune_share:.0%} of them and gate on the rest; add images or give "
                         f"evaluation.tune_dir")
-    return tune, judge, f"{e.tune_share:.0%} of each folder of evaluation.data_dir {e.data_dir}"
+    return tune, judge, (f"{e.tune_share:.0%} of each folder of evaluation.data_dir {e.data_dir}, drawn with "
+                         f"evaluation.seed {e.seed}")
 
 
 def focus(sensitivity: dict, m, names: dict | None, report: dict) -> tuple[list[str] | None, list[str] | None]:
@@ -89,6 +92,7 @@ def focus_ranking(sensitivity: dict, m, names: dict | None):
 
 def fallback_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, aipp_dir: Path | None,
                    sensitivity: dict | None) -> dict:
+    from quantflow.evaluation.intervals import settled
     from quantflow.evaluation.metrics import metric
     from quantflow.quantization.fallback import roll_back
     from quantflow.quantization.passes import fold_for_quantization
@@ -106,14 +110,15 @@ def fallback_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, aipp_d
         names = output_names(cfg, graph)
         check = m.checker(tune, cfg.evaluation, graph, fold_for_quantization(graph), read_params(aipp_dir), names)
         qp, steps = roll_back(qp, sensitivity["ranking"], check, q.max_fallback, m.step_keys,
-                              rerank=focus_ranking(sensitivity, m, names))
+                              rerank=focus_ranking(sensitivity, m, names),
+                              settled=lambda report: settled(report["verdict"]))
         result = {"mode": "auto", "metric": m.name, "max_fallback": q.max_fallback, "steps": steps,
                   "float_ops": steps[-1]["float_ops"], "passed": steps[-1]["passed"],
                   "tuning": {"source": source, "images": len(tune), "names": list(tune.names)}}
         for i, st in enumerate(steps):
             names = ", ".join(f["scope"] for f in st["float_ops"]) or "none"
             print(f"fallback step {i}: {st['int8_ops']} INT8 ops, {m.step_line(st)} "
-                  f"{'PASS' if st['passed'] else 'fail'}; in float16: {names}")
+                  f"{st.get('verdict', 'PASS' if st['passed'] else 'FAIL')}; in float16: {names}")
     qp.save(kdir)
     write_json(kdir / FALLBACK_JSON, result)
     return result
@@ -183,7 +188,9 @@ def _key_inputs(b) -> dict:
     if not _auto(cfg):
         return {"fallback": "off"}
     c = cfg.model_dump(mode="json")
-    return {"fallback": "auto", "max_fallback": cfg.quantization.max_fallback, "evaluation": c["evaluation"],
+    # what only the gate reads (the baseline, what UNDECIDED does to the build) does not rerun the fallback
+    evaluation = {k: v for k, v in c["evaluation"].items() if k not in GATE_ONLY}
+    return {"fallback": "auto", "max_fallback": cfg.quantization.max_fallback, "evaluation": evaluation,
             **evaluation_inputs(cfg), "normalization": c["normalization"], "num_classes": cfg.model.num_classes}
 
 

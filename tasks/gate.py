@@ -2,20 +2,33 @@
 the verified AIPP config) against FP32, judged by ``evaluation.metric`` (``quantflow.evaluation``); the accuracy
 report and the HTML build report, written before a failure is raised, so a failing build has its report too.
 
+Every gated figure has a bootstrap interval and a verdict (PASS, FAIL, UNDECIDED: ``evaluation.on_undecided``),
+against ``evaluation.baseline`` too where given; the gate also writes the figures' draws (a later build pairs with
+them), JUnit XML and a Markdown summary for CI (docs/release-gate.md).
+
 With ``quantization.fallback = "auto"`` the gate judges images the fallback did not tune on
 (``fallback.tuning_and_gate_sets``; checked against the tuning images ``fallback.json`` records), and the report
 shows both figures."""
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
+
+import numpy as np
 
 from quantflow.backends.atc import precision_note
 from quantflow.engine import shard
 from quantflow.errors import AccuracyGateError, DataError
+from quantflow.evaluation import baseline
+from quantflow.evaluation.intervals import UNDECIDED, line
+from quantflow.evaluation.verdicts import DRAWS, rejudge
 from quantflow.io.atomic import write_json, write_text
+from quantflow.io.digest import file_sha256
+from quantflow.io.files import JUNIT_XML, REPORT_DRAWS, REPORT_HTML, REPORT_JSON, REPORT_TXT, SUMMARY_MD
 from quantflow.quantization.qparams import QuantParams
+from quantflow.report import ci
 
 from . import sensitivity as analysis
 from .aipp import read_params
@@ -24,7 +37,7 @@ from .fallback import FALLBACK_JSON, evaluation_inputs, focus, tuning_and_gate_s
 from .inputs import output_names, read_graph
 from .stage import Stage
 
-REPORT_JSON, REPORT_TXT, REPORT_HTML = "accuracy_report.json", "accuracy_report.txt", "report.html"
+GATE_FILES = (REPORT_JSON, REPORT_TXT, REPORT_HTML, REPORT_DRAWS, JUNIT_XML, SUMMARY_MD)
 ADVICE_LAYERS = 5   # the most sensitive layers a failing gate names
 
 
@@ -57,21 +70,50 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
         report["precision_note"] = note
     if tuning:
         report.update(tuning=tuning, judged=list(ev.names))
+    draws = report.pop(DRAWS, {})
+    report["held_out"] = held_out_images(ev, fallback)
+    if cfg.evaluation.baseline is not None:
+        base, base_draws, where = baseline.load(cfg.path(cfg.evaluation.baseline))
+        rejudge(baseline.compare(report, draws, base, base_draws, where))
     write_json(kdir / REPORT_JSON, report, sort_keys=False)
+    write_draws(kdir / REPORT_DRAWS, draws)
     write_text(kdir / REPORT_TXT, format_table(report) + "\n")
+    write_text(kdir / JUNIT_XML, ci.junit(report))
+    write_text(kdir / SUMMARY_MD, ci.markdown(report))
     print(format_table(report))
     failure = m.failure(report)
     if failure:
         print(f"gate: {failure}")
+    elif report.get("verdict") == UNDECIDED and cfg.evaluation.on_undecided == "warn":
+        print("gate: WARNING: UNDECIDED, passed as evaluation.on_undecided = \"warn\" says: "
+              + "; ".join(line(f) for f in report["figures"] if f["verdict"] == UNDECIDED))
     layers = sensitivity(bool(failure))
     if layers is not None and failure:
-        layers = _focused(layers, m, output_names(cfg, graph), report)
+        # what fails the build: the figures that FAIL, are worse than the baseline, or are UNDECIDED
+        failing = list(dict.fromkeys(report.get("failures", []) + report.get("worse", [])
+                                     + report.get("undecided", [])))
+        layers = _focused(layers, m, output_names(cfg, graph), dict(report, failures=failing))
     html.write(kdir / REPORT_HTML, f"quantflow build report: {cfg.model.entry or cfg.model.mindir or cfg.model.onnx}",
                report, layers, load_histograms(calibrate_dir, QuantParams.load(calibrate_dir)), fallback)
     print(f"build report: {kdir / REPORT_HTML}")
     if failure:
         raise AccuracyGateError(f"{failure}{_advice(layers, qp, cfg)} (report: {kdir / REPORT_HTML})")
     return report
+
+
+def held_out_images(ev, fallback: dict) -> dict:
+    """Which images the gate judged (names and content hashes, in order: what a baseline is checked and paired
+    against) and which the fallback tuned on."""
+    tuned = fallback.get("tuning", {}) if fallback.get("mode") == "auto" else {}
+    return {"images": list(ev.names), "sha256": [file_sha256(p) for p in ev.paths],
+            "tuning_images": tuned.get("names", []), "tuning_source": tuned.get("source")}
+
+
+def write_draws(path: Path, draws: dict) -> None:
+    """Each figure's bootstrap draws by id (``np.savez``; written whole, then moved into place)."""
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, **{k: np.asarray(v, np.float64) for k, v in draws.items()})
+    os.replace(tmp, path)
 
 
 def _tuning(cfg, fallback: dict, ev) -> dict | None:
@@ -130,7 +172,21 @@ def _advice(sensitivity: dict, qp, cfg) -> str:
 def _key_inputs(b) -> dict:
     c = b.cfg.model_dump(mode="json")
     return {"evaluation": c["evaluation"], **evaluation_inputs(b.cfg), "normalization": c["normalization"],
-            "num_classes": b.cfg.model.num_classes}
+            "num_classes": b.cfg.model.num_classes, "baseline": _baseline_digest(b.cfg)}
+
+
+def _baseline_digest(cfg) -> str | None:
+    """The baseline's report and draws by content (a new baseline build reruns the gate); None without one, or
+    where it cannot be found (the stage then says why)."""
+    from quantflow.errors import ConfigError
+    if cfg.evaluation.baseline is None:
+        return None
+    try:
+        found = baseline.locate(cfg.path(cfg.evaluation.baseline))
+    except ConfigError:
+        return None
+    draws = found.with_name(REPORT_DRAWS)
+    return file_sha256(found) + (file_sha256(draws) if draws.is_file() else "")
 
 
 def _summary(b) -> dict:
@@ -141,8 +197,10 @@ def _summary(b) -> dict:
     m = metric(report)
     verdict = m.verdict(report) + (f"; {report['precision_note']}" if report.get("precision_note") else "")
     return {"gate": {"passed": report["passed"], "metric": m.name, "verdict": verdict,
-                     **{k: report[k] for k in m.summary_keys if k in report}},
-            "accuracy_report": str(d / REPORT_TXT), "report": str(d / REPORT_HTML), "sensitivity": analysis.path(b)}
+                     **{k: report[k] for k in m.summary_keys if k in report},
+                     **({"figures_verdict": report["verdict"]} if "verdict" in report else {})},
+            "accuracy_report": str(d / REPORT_TXT), "report": str(d / REPORT_HTML), "sensitivity": analysis.path(b),
+            "junit": str(d / JUNIT_XML), "gate_summary": str(d / SUMMARY_MD)}
 
 
 STAGE = Stage(
@@ -150,4 +208,4 @@ STAGE = Stage(
     run=lambda b: gate_stage(b.cfg, b.dir("gate"), b.dir("graph"), b.dir("calibrate"), b.dir("fallback"),
                              b.dir("aipp"), lambda run=False: analysis.ensure(b) if run else analysis.read(b)),
     needs=("graph", "calibrate", analysis.NAME, "fallback", "aipp"), key_inputs=_key_inputs,
-    outputs=(REPORT_JSON, REPORT_TXT, REPORT_HTML), summary=_summary)
+    outputs=GATE_FILES, summary=_summary)

@@ -7,13 +7,14 @@ import json
 from pathlib import Path
 
 from quantflow.io.atomic import write_json
+from quantflow.io.files import LATEST_JSON
 
 from .stage import Stage
 
-LATEST_JSON = "latest.json"
+__all__ = ["LATEST_JSON", "STAGE", "latest_path", "read_latest", "summary"]
 # the files the console lists, in this order (every entry is in latest.json)
 SHOWN = ("qparams", "deploy_onnx", "deploy_mindir", "deploy_air", "record", "mindir", "graph_onnx", "air",
-         "aipp_config", "om", "accuracy_report", "sensitivity")
+         "aipp_config", "om", "accuracy_report", "junit", "gate_summary", "sensitivity")
 
 
 def latest_path(cfg) -> Path:

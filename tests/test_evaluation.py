@@ -132,8 +132,8 @@ def _held(labels) -> HeldOut:
 
 
 def test_the_fallback_tunes_on_images_the_gate_does_not_judge():
-    """Each class spread over both parts, the first image of each class the gate's; the parts are disjoint and
-    together the whole set."""
+    """Each class spread over both parts (floor(m * share) of a class of m to tuning, so every class is judged);
+    the parts are disjoint, together the whole set, each in the folder's order."""
     labels = [0] * 7 + [1] * 2 + [2] * 1 + [3] * 10
     ev = _held(labels)
     tune, judge = split_held_out(ev, 0.5)
@@ -142,9 +142,25 @@ def test_the_fallback_tunes_on_images_the_gate_does_not_judge():
     assert sorted(set(judge.labels.tolist())) == [0, 1, 2, 3]          # every class judged
     assert [int(np.sum(tune.labels == c)) for c in range(4)] == [3, 1, 0, 5]
     assert tune.names == tuple(ev.names[int(p.stem)] for p in tune.paths)
-    assert judge.paths[0] == ev.paths[0] and tune.paths[0] == ev.paths[1]
+    assert list(tune.paths) == sorted(tune.paths) and list(judge.paths) == sorted(judge.paths)
     a, b = split_held_out(ev, 0.25)
     assert len(a) == 1 + 0 + 0 + 2 and set(a.paths).isdisjoint(b.paths)
+
+
+def test_the_split_is_a_seeded_shuffle_within_each_class_so_rotated_sources_do_not_alias():
+    """Images made in rotation from 10 source photos (image i from photo i mod 10): every other image (the old
+    split) puts the even photos on one side and the odd on the other; a seeded shuffle gives both halves photos
+    of both kinds, the same halves for the same seed, others for another seed."""
+    ev = _held([0] * 40)
+    source = lambda part: {int(p.stem) % 10 for p in part.paths}  # noqa: E731
+    alternate = {i % 10 for i in range(1, 40, 2)}
+    assert alternate.isdisjoint({i % 10 for i in range(0, 40, 2)})   # the aliasing the old rule had
+    tune, judge = split_held_out(ev, 0.5, seed=0)
+    assert len(source(tune) & source(judge)) >= 5
+    assert {i % 2 for i in source(tune)} == {0, 1} and {i % 2 for i in source(judge)} == {0, 1}
+    again, _ = split_held_out(ev, 0.5, seed=0)
+    other, _ = split_held_out(ev, 0.5, seed=1)
+    assert again.paths == tune.paths and other.paths != tune.paths and len(other) == len(tune) == 20
 
 
 def test_shared_images_finds_the_same_file_and_the_same_bytes(tmp_path):

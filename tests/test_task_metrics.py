@@ -72,22 +72,22 @@ def _batch(n=4, paths=None):
 def test_detections_of_int8_against_fp32():
     m = det.Detection(labels=False)
     fp = {"out": _yolov8()}
-    same = m.summarize([m.batch(fp, {"out": fp["out"].copy()}, _batch())])
+    same = m.summarize(m.batch(fp, {"out": fp["out"].copy()}, _batch()))
     assert same["f1"] == same["precision"] == same["recall"] == 1.0 and same["fp32_detections"] == 12
     # boxes a pixel off: still matched at IoU >= 0.5
     moved = fp["out"].copy()
     moved[:, :2] += 1.0
-    assert m.summarize([m.batch(fp, {"out": moved}, _batch())])["f1"] == 1.0
+    assert m.summarize(m.batch(fp, {"out": moved}, _batch()))["f1"] == 1.0
     # the class scores lost, the boxes exact: no INT8 detection is left
-    lost = m.summarize([m.batch(fp, {"out": _yolov8(lose_scores=True)}, _batch())])
+    lost = m.summarize(m.batch(fp, {"out": _yolov8(lose_scores=True)}, _batch()))
     assert lost["int8_detections"] == 0 and lost["f1"] == 0.0 and lost["precision"] is None
     # one image's classes swapped: its three detections no longer match
     swapped = fp["out"].copy()
     swapped[0, 4:] = swapped[0, 4:][::-1]
-    r = m.summarize([m.batch(fp, {"out": swapped}, _batch())])
+    r = m.summarize(m.batch(fp, {"out": swapped}, _batch()))
     assert r["matched"] == 10 and r["f1"] == pytest.approx(20 / 24)
     # nothing detected by either: nothing measured
-    none = m.summarize([m.batch({"out": _yolov8(lose_scores=True)}, {"out": _yolov8(lose_scores=True)}, _batch())])
+    none = m.summarize(m.batch({"out": _yolov8(lose_scores=True)}, {"out": _yolov8(lose_scores=True)}, _batch()))
     assert none["f1"] is None and none["fp32_detections"] == 0
 
 
@@ -130,14 +130,14 @@ def test_map_against_yolo_label_files(tmp_path):
     np.testing.assert_allclose(got, det.xyxy(boxes), atol=1e-9)
     m = det.Detection()
     out = _yolov8(n_images=3)
-    r = m.summarize([m.batch({"o": out}, {"o": out}, _batch(paths=paths))])
+    r = m.summarize(m.batch({"o": out}, {"o": out}, _batch(paths=paths)))
     # image c has no label file: its three detections are false positives, at the lowest ranks of each class
     assert r["labelled_images"] == 2 and r["objects"] == 6
     assert r["map50_fp32"] == r["map50_int8"] == pytest.approx(1.0) and r["map50_drop"] == 0.0
-    lost = m.summarize([m.batch({"o": out}, {"o": _yolov8(n_images=3, lose_scores=True)}, _batch(paths=paths))])
+    lost = m.summarize(m.batch({"o": out}, {"o": _yolov8(n_images=3, lose_scores=True)}, _batch(paths=paths)))
     assert lost["map50_int8"] == 0.0 and lost["map50_drop"] == pytest.approx(1.0)
-    assert "map50_drop" not in det.Detection(labels=False).summarize([det.Detection(labels=False).batch(
-        {"o": out}, {"o": out}, _batch(paths=paths))])
+    assert "map50_drop" not in det.Detection(labels=False).summarize(det.Detection(labels=False).batch(
+        {"o": out}, {"o": out}, _batch(paths=paths)))
     (tmp_path / "a.txt").write_text("0 0.5 0.5 0.1\n")
     with pytest.raises(DataError, match=r"a.txt:1: not a YOLO label line"):
         m.batch({"o": out}, {"o": out}, _batch(paths=paths))
@@ -328,7 +328,8 @@ def test_a_task_run_sharded_over_processes_equals_the_single_process_one(detecto
         assert one[0].shape == (40, 2, 5) and np.array_equal(one[0], many[0])
         m = TaskMetric(metric, options)
         assert m.summarize(one[1]) == m.summarize(many[1])
-        assert len(one[1]) == 5                           # one record per evaluation batch of 8
+        # one record per evaluation batch of 8; the detection metric's one per image
+        assert len(one[1]) == (40 if metric == "detection" else 5)
     numbers = TaskMetric("detection", {}).summarize(one[1])
     assert numbers["fp32_detections"] > 100 and numbers["f1"] < 0.5   # this INT8 model loses the class scores
 
@@ -380,7 +381,7 @@ def test_a_task_run_holds_one_batch_of_outputs_at_a_time(detector_run, tmp_path)
         finally:
             tracemalloc.stop()
         numbers[n] = TaskMetric("detection", {"labels": False}).summarize(records)
-        assert len(stats) == n * len(ev) and len(records) == n * len(ev) // ev.batch_size
+        assert len(stats) == n * len(ev) and len(records) == n * len(ev)   # one record per image
     assert numbers[4]["fp32_detections"] == 4 * numbers[1]["fp32_detections"]
     assert numbers[4]["f1"] == pytest.approx(numbers[1]["f1"])
     image_bytes = 3 * 32 * 32 * (1 + 4 + 2) + 7 * 64 * 4 * 2   # uint8, float32, AIPP float16; both outputs

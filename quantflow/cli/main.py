@@ -1,11 +1,16 @@
 """The ``quantflow`` command: build, init, list, report, and on an Ascend host verify and dump.
 
-    quantflow build [CONFIG ...] [STAGE ...] [-j N] [--always]
+    quantflow build [CONFIG ...] [STAGE ...] [-j N] [--always] [--baseline PATH]
+    quantflow compare A B
     quantflow init (--onnx FILE | --mindir FILE | --entry MOD:FN --checkpoint FILE) [--calib DIR] [--eval DIR] [-o FILE]
     quantflow list [CONFIG]
     quantflow report [CONFIG]
     quantflow verify [CONFIG] [--om FILE] [--device N] [--images N] [--min-cosine C]
     quantflow dump [CONFIG] [-o DIR] [--image FILE ...]
+
+``compare`` prints two builds' accuracy reports (each an accuracy_report.json, a gate stage folder or a build
+output folder) side by side, figure by figure.  ``build --baseline PATH`` is ``evaluation.baseline = PATH`` for
+this build (docs/release-gate.md).
 
 ``build`` runs the installed task graph (quantflow.pipeline.doit_graph) through doit's own API: one config in this
 process; several configs each in a process of its own, ``-j`` at a time.  Every build keeps its doit state and
@@ -19,12 +24,13 @@ line, config or file, with one message naming the file or field at fault and no 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..config import DEFAULT_CONFIG_NAME, load_config
+from ..config import BASELINE_ENV, DEFAULT_CONFIG_NAME, load_config
 from ..errors import QuantflowError
 
 USAGE_ERROR = 2
@@ -148,6 +154,53 @@ def report(config: Path) -> int:
     return 0
 
 
+def _figure_text(f: dict | None) -> str:
+    from ..evaluation.intervals import number
+    if f is None:
+        return "-"
+    iv = "" if f.get("low") is None else f" [{number(f['low'])}, {number(f['high'])}]"
+    return f"{number(f['value'])}{iv} {f['verdict']}"
+
+
+def _row_text(o: dict | None) -> str:
+    if o is None:
+        return "-"
+    iv = o.get("cosine_interval")
+    return f"{o['cosine']:.5f}" + (f" [{iv[0]:.5f}, {iv[1]:.5f}]" if iv else "") + f" / {o['sqnr_db']:.1f} dB"
+
+
+def compare(a: Path, b: Path) -> int:
+    """Two accuracy reports side by side: the verdicts, each gated figure (value, interval, verdict), each output's
+    and part's cosine / SQNR; whether the held-out images are the same."""
+    from ..evaluation.baseline import load
+
+    (ra, _, pa), (rb, _, pb) = load(a, "A"), load(b, "B")
+    same = (ra.get("held_out", {}).get("sha256") is not None
+            and sorted(ra["held_out"]["sha256"]) == sorted(rb.get("held_out", {}).get("sha256") or []))
+    print(f"A: {pa}\nB: {pb}")
+    print(f"held-out images: {'the same' if same else 'NOT the same (figures are not comparable image for image)'}")
+    rows = [("verdict", f"{'PASS' if ra['passed'] else 'FAIL'} ({ra.get('verdict', '-')})",
+             f"{'PASS' if rb['passed'] else 'FAIL'} ({rb.get('verdict', '-')})", ""),
+            ("metric", ra.get("metric", "top1"), rb.get("metric", "top1"), ""),
+            ("range method", ra.get("calibration_method", "?"), rb.get("calibration_method", "?"), ""),
+            ("INT8 ops", str(ra.get("quantized_ops", "?")), str(rb.get("quantized_ops", "?")), "")]
+    fa, fb = ({f["id"]: f for f in r.get("figures", [])} for r in (ra, rb))
+    for fid in dict.fromkeys([*fa, *fb]):
+        x, y = fa.get(fid), fb.get(fid)
+        diff = (f"{y['value'] - x['value']:+.6g}" if x and y and x["value"] is not None and y["value"] is not None
+                else "")
+        rows.append((fid, _figure_text(x), _figure_text(y), diff))
+    oa, ob = ({(o["output"], o["part"]): o for o in r.get("outputs", [])} for r in (ra, rb))
+    for key in dict.fromkeys([*oa, *ob]):
+        x, y = oa.get(key), ob.get(key)
+        diff = f"{y['cosine'] - x['cosine']:+.6f}" if x and y else ""
+        rows.append((f"{key[1] or key[0]} cosine / SQNR", _row_text(x), _row_text(y), diff))
+    w = [max(len(r[i]) for r in rows + [("figure", "A", "B", "B - A")]) for i in range(4)]
+    for r in [("figure", "A", "B", "B - A")] + rows:
+        print("  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip())
+    return 0
+
+
 # ----------------------------------------------------------------------------- main
 
 def _parser() -> argparse.ArgumentParser:
@@ -162,6 +215,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("-j", "--jobs", type=int, default=1, help="configs built at once (each in its own process)")
     b.add_argument("--always", action="store_true", help="rerun every stage, up to date or not")
     b.add_argument("--task", action="append", default=[], help="a stage to run (for a stage named like a file)")
+    b.add_argument("--baseline", type=Path, help="a previous build's accuracy_report.json or output folder: the gate "
+                                                 "also fails where a figure is worse than it (evaluation.baseline)")
+    c = sub.add_parser("compare", help="two builds' accuracy reports side by side, figure by figure")
+    c.add_argument("a", type=Path, metavar="A", help="an accuracy_report.json, a gate stage folder or an output folder")
+    c.add_argument("b", type=Path, metavar="B")
     i = sub.add_parser("init", help="write a commented quantflow.toml for your model")
     add_arguments(i)
     i.add_argument("--data", dest="calib", type=Path, default=argparse.SUPPRESS, help="the same as --calib")
@@ -191,7 +249,14 @@ def main(argv=None) -> int:
     try:
         if a.command == "build":
             configs, tasks = _split_targets(a.targets, a.task)
-            return build(configs, a.jobs, tasks, a.always)
+            if a.baseline is not None:
+                from ..evaluation.baseline import locate
+                locate(a.baseline, "--baseline")
+                os.environ[BASELINE_ENV] = str(a.baseline.resolve())
+            try:
+                return build(configs, a.jobs, tasks, a.always)
+            finally:
+                os.environ.pop(BASELINE_ENV, None)
         if a.command == "init":
             from .init import write_config
             print(f"wrote {write_config(a)}; edit the lines marked EDIT, then run `quantflow build`")
@@ -202,6 +267,8 @@ def main(argv=None) -> int:
         if a.command == "dump":
             from .dump import dump
             return dump(a.config, a.output, a.image)
+        if a.command == "compare":
+            return compare(a.a, a.b)
         return list_stages(a.config) if a.command == "list" else report(a.config)
     except (QuantflowError, OSError) as err:
         print(f"quantflow: {err}", file=sys.stderr)

@@ -203,6 +203,7 @@ def _detections(boxes, scores, classes, o: DetectionOptions):
 class Detection:
     """The task metric (``task.py``'s class form)."""
     limits = {"min": {"f1": 0.9}, "max": {"map50_drop": 0.01}}
+    records_per_image = True   # batch() returns one record per image; summarize() takes any list of them
 
     def __init__(self, **options):
         try:
@@ -237,7 +238,8 @@ class Detection:
         return records
 
     def summarize(self, records: list) -> dict:
-        images = [r for batch in records for r in batch]
+        """The numbers over per-image records (any list of them: a bootstrap draw repeats some): sums of counts."""
+        images = records
         nf, nq, m = (sum(r[k] for r in images) for k in ("fp32", "int8", "matched"))
         numbers = {"f1": 2 * m / (nf + nq) if nf + nq else None, "precision": m / nq if nq else None,
                    "recall": m / nf if nf else None, "fp32_detections": nf, "int8_detections": nq, "matched": m}

@@ -3,7 +3,8 @@ network output, or on each part of it that ``evaluation.parts`` names (``parts.R
 (``runs.output_stats``): cosine similarity and the largest absolute difference (the first measures in CANN's Model
 Accuracy Analyzer results: "Parameters in a Complete Model Comparison Result", CANN 8.0, hiascend.com
 atlasaccuracy_16_0064), with SQNR and the worst image; passes when every gated output or part reaches its limit
-(``evaluation.min_cosine``, or a part's own ``min_cosine`` / ``min_sqnr_db``).  An output split into parts is
+(``evaluation.min_cosine``, or a part's own ``min_cosine`` / ``min_sqnr_db``) -- its bootstrap interval against
+the limit, ``judged_outputs`` (docs/release-gate.md).  An output split into parts is
 judged by its parts (its whole figures are shown beside them): the cosine of a tensor holding box coordinates
 in pixels and scores in 0..1 is the boxes' cosine."""
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..quantization.deploy import quantized_graph
+from .intervals import resampling
 from .parts import regions as resolve_regions
 from .protocol import Series, in_float
 from .runs import output_names, output_stats
+from .verdicts import attach, explain, mark_rows, region_figures, with_intervals
 
 
 def _cosine(dot, ff, dd):
@@ -65,6 +68,16 @@ def compare_outputs(stats: np.ndarray, regions: list, paths: list, min_cosine: f
             "passed": not failures}
 
 
+def judged_outputs(stats: np.ndarray, regions: list, paths: list, labels, limits) -> dict:
+    """``compare_outputs``' report with every gated limit's interval and verdict and every row's intervals
+    (``verdicts``); the bootstrap draws images within each group of ``labels``."""
+    r = resampling(labels, limits.resamples, limits.seed, limits.confidence)
+    report = compare_outputs(stats, regions, paths, limits.min_cosine)
+    figures, draws = region_figures(report["outputs"], stats, r)
+    rows = mark_rows(with_intervals(report["outputs"], stats, r), figures)
+    return attach(report, figures, draws, r, limits, outputs=rows)
+
+
 def failing_outputs(rows: list[dict], failures: list[str]) -> list[str]:
     """The network outputs the failing rows belong to (a failing part points at its output)."""
     return list(dict.fromkeys(r["output"] for r in rows if label(r) in failures))
@@ -89,24 +102,31 @@ def rows_text(rows: list[dict]) -> list[str]:
     shapes = [f"{o['where']} {o['shape']}" if o["part"] else str(o["shape"]) for o in rows]
     width = max([len(label(r)) + (2 if r["part"] else 0) for r in rows] + [13])
     wide = max([len(s) for s in shapes] + [5])
-    lines = [f"  {'output / part':<{width}} {'shape':<{wide}} {'cosine':>9} {'SQNR dB':>8} {'max |diff|':>10}  "
-             f"{'limit':<22} worst image (cosine)"]
+    lines = [f"  {'output / part':<{width}} {'shape':<{wide}} {'cosine':>9} {'interval':<19} {'SQNR dB':>8} "
+             f"{'interval':<13} {'max |diff|':>10}  {'limit':<22} {'verdict':<9} worst image (cosine)"]
     for o, shape in zip(rows, shapes):
         name = ("  " + o["part"]) if o["part"] else o["output"]
-        verdict = "" if o["passed"] is None else ("" if o["passed"] else "  FAIL")
-        lines.append(f"  {name:<{width}} {shape:<{wide}} {o['cosine']:>9.5f} {o['sqnr_db']:>8.1f} "
-                     f"{o['max_abs_diff']:>10.4g}  {limit_text(o):<22} {o['worst_image']} "
-                     f"({o['worst_image_cosine']:.5f}){verdict}")
+        verdict = "" if o["passed"] is None else o.get("verdict", "PASS" if o["passed"] else "FAIL")
+        lines.append(f"  {name:<{width}} {shape:<{wide}} {o['cosine']:>9.5f} {span(o, 'cosine', 5):<19} "
+                     f"{o['sqnr_db']:>8.1f} {span(o, 'sqnr_db', 1):<13} {o['max_abs_diff']:>10.4g}  "
+                     f"{limit_text(o):<22} {verdict:<9} {o['worst_image']} ({o['worst_image_cosine']:.5f})")
     return lines
+
+
+def span(row: dict, key: str, digits: int) -> str:
+    """A row's interval of ``key`` (``cosine``, ``sqnr_db``) as ``[low, high]`` ("" where it has none)."""
+    iv = row.get(f"{key}_interval")
+    return "" if not iv else f"[{iv[0]:.{digits}f}, {iv[1]:.{digits}f}]"
 
 
 def rows_details(rows: list[dict]) -> tuple[list[str], list[list]]:
     """(header, rows) of the HTML report's table of the outputs and parts."""
-    return (["output", "part", "slice", "shape", "cosine", "SQNR dB", "max |diff|", "limit", "worst image",
-             "its cosine", "passed"],
-            [[o["output"], o["part"] or "", o["where"], o["shape"], f"{o['cosine']:.5f}", f"{o['sqnr_db']:.1f}",
-              f"{o['max_abs_diff']:.4g}", limit_text(o), o["worst_image"], f"{o['worst_image_cosine']:.5f}",
-              "" if o["passed"] is None else o["passed"]] for o in mark_split(rows)])
+    return (["output", "part", "slice", "shape", "cosine", "interval", "SQNR dB", "interval", "max |diff|", "limit",
+             "verdict", "worst image", "its cosine"],
+            [[o["output"], o["part"] or "", o["where"], o["shape"], f"{o['cosine']:.5f}", span(o, "cosine", 5),
+              f"{o['sqnr_db']:.1f}", span(o, "sqnr_db", 1), f"{o['max_abs_diff']:.4g}", limit_text(o),
+              "" if o["passed"] is None else o.get("verdict", o["passed"]), o["worst_image"],
+              f"{o['worst_image_cosine']:.5f}"] for o in mark_split(rows)])
 
 
 def failure_text(rows: list[dict], failures: list[str]) -> str:
@@ -135,7 +155,7 @@ class Outputs:
 
         def check(qparams) -> dict:
             stats = output_stats(ev, graph, quantized_graph(folded, qparams), aipp_params, regions, names)
-            return compare_outputs(stats, regions, list(ev.names), limits.min_cosine)
+            return judged_outputs(stats, regions, list(ev.names), ev.labels, limits)
         return check
 
     def focus(self, r: dict) -> list[str]:
@@ -164,7 +184,7 @@ class Outputs:
         return f"least cosine {r['least_cosine']:.5f}, evaluation.min_cosine {r['min_cosine']:g}{failing}"
 
     def failure(self, r: dict) -> str | None:
-        return None if r["passed"] else failure_text(r["outputs"], r["failures"])
+        return explain(r, failure_text(r["outputs"], r["failures"]) if r["failures"] else None)
 
     def summary_rows(self, r: dict) -> list[list]:
         return [["least cosine", f"{r['least_cosine']:.5f}"], ["required cosine (default)", f"{r['min_cosine']:g}"],

@@ -171,18 +171,19 @@ def output_stats(ev: HeldOut, graph, deploy, aipp_params: dict, regions=None, na
 
 
 # ---------------------------------------------------------------------------------- tuning and gate images
-def split_held_out(ev: HeldOut, tune_share: float) -> tuple[HeldOut, HeldOut]:
-    """(the images the automatic fallback tunes on, the images the gate judges): disjoint, each class (or
-    group) spread over both in its own order -- of every class's images in order, image k goes to tuning when
-    floor((k + 1) * tune_share) > floor(k * tune_share), so the first image of every class is the gate's and
-    the tuning part holds about ``tune_share`` of each class."""
-    tune, judge = [], []
-    seen: dict[int, int] = {}
-    for i, label in enumerate(ev.labels.tolist()):
-        k = seen.get(label, 0)
-        seen[label] = k + 1
-        (tune if int((k + 1) * tune_share) > int(k * tune_share) else judge).append(i)
-    return _subset(ev, tune), _subset(ev, judge)
+def split_held_out(ev: HeldOut, tune_share: float, seed: int = 0) -> tuple[HeldOut, HeldOut]:
+    """(the images the automatic fallback tunes on, the images the gate judges): disjoint, each class (or group)
+    spread over both by a seeded shuffle of its own -- of a class of m images, floor(m * tune_share) drawn at
+    random (``numpy.random.default_rng((seed, class))``) go to tuning, the rest (at least one) to the gate --
+    so that images made in rotation (image i from source i mod k) do not alias into halves of disjoint sources.
+    Each half keeps the folder order; the same images and seed give the same halves on any machine."""
+    tune: list[int] = []
+    for label in np.unique(ev.labels):
+        members = np.flatnonzero(ev.labels == label)
+        take = int(len(members) * tune_share)
+        tune += np.random.default_rng((int(seed), int(label))).permutation(members)[:take].tolist()
+    chosen = set(tune)
+    return _subset(ev, sorted(tune)), _subset(ev, [i for i in range(len(ev)) if i not in chosen])
 
 
 def _subset(ev: HeldOut, index: list[int]) -> HeldOut:

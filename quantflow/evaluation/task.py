@@ -11,10 +11,15 @@ arguments.  Two forms:
 - a **class** ``C(**options)`` with ``batch(fp32, int8, batch)`` returning a record of the batch (small,
   picklable: counts, detections) and ``summarize(records)`` turning the records of all batches, in image order,
   into {name: number or None (not measured)}; a class attribute ``limits`` ({"min": {...}, "max": {...}}) holds
-  its default limits.
+  its default limits.  With the class attribute ``records_per_image = True`` (the shipped metrics), ``batch``
+  returns a list of one record per image and ``summarize`` takes any flat list of such records (a bootstrap
+  draw repeats some): the intervals then draw images; otherwise they draw batches.
+
+Every limited number gets a bootstrap interval and a verdict (``intervals``, ``verdicts``): the function form's
+per-image values are re-averaged per draw, the records re-summarized per draw.
 
 The gate passes when every number named in ``evaluation.min`` / ``evaluation.max`` (merged over the metric's
-defaults) is at least / at most its limit, and every part of ``evaluation.parts`` meets its own (the outputs'
+defaults) is at least / at most its limit (its interval against the limit: docs/release-gate.md), and every part of ``evaluation.parts`` meets its own (the outputs'
 and parts' cosine and SQNR are measured in the same pass and shown).  Only one batch of outputs is held at a
 time; the batches and their records are the same however the images are sharded (shards are contiguous runs of
 whole batches, the records are summarized in image order), so the numbers are too.
@@ -31,9 +36,12 @@ import numpy as np
 from ..entry import load_entry
 from ..errors import ConfigError, QuantflowError
 from ..quantization.deploy import quantized_graph
-from .outputs import failing_outputs, failure_text, label, network_regions, region_rows, rows_details, rows_text
+from .intervals import Resampling, mean_replicates, record_replicates, resampling
+from .intervals import figure as figure_of
+from .outputs import failing_outputs, failure_text, network_regions, region_rows, rows_details, rows_text
 from .protocol import Series, in_float
 from .runs import both_outputs, region_sums, sharded_parts
+from .verdicts import attach, explain, mark_rows, region_figures, with_intervals
 
 DETECTION = "quantflow.evaluation.detection:Detection"   # evaluation.metric = "detection"
 
@@ -60,6 +68,7 @@ class TaskMetric:
         obj = load_entry(self.entry, "evaluation.metric").__wrapped__
         self.defaults = {"min": {}, "max": {}}
         self.per_image = not isinstance(obj, type)    # the function form: per-image values, averaged
+        self.records_per_image = bool(getattr(obj, "records_per_image", False)) and not self.per_image
         if not self.per_image:
             try:
                 inst = obj(**self.options)
@@ -80,6 +89,10 @@ class TaskMetric:
     def record(self, fp32: dict, int8: dict, batch: Batch):
         """The metric's record of one batch (the function form: its per-image values, checked)."""
         out = self._call(self._batch, fp32, int8, batch, where=f"on the batch from {batch.names[0]}")
+        if self.records_per_image and (not isinstance(out, list) or len(out) != len(batch.paths)):
+            raise QuantflowError(f"evaluation.metric {self.metric}: records_per_image is set, but batch() returned "
+                                 f"{len(out) if isinstance(out, list) else type(out).__name__} record(s) for a batch "
+                                 f"of {len(batch.paths)} images (a list of one record per image)")
         if self.per_image:
             if not isinstance(out, dict) or not out:
                 raise QuantflowError(f"evaluation.metric {self.metric}: returned {type(out).__name__}, not a dict "
@@ -136,17 +149,39 @@ def _task_shard(shared, paths) -> tuple[np.ndarray, list]:
     stats, records = [], []
     for batch_paths, images, fp, q in both_outputs(ev, graph, deploy, aipp_params, paths, names):
         stats.append(region_sums(fp, q, regions, len(images)))
-        records.append(task.record(fp, q, Batch(tuple(batch_paths), tuple(shown[p] for p in batch_paths), images)))
+        record = task.record(fp, q, Batch(tuple(batch_paths), tuple(shown[p] for p in batch_paths), images))
+        records.extend(record) if task.records_per_image else records.append(record)
     return (np.concatenate(stats) if stats else np.zeros((0, len(regions), 5))), records
 
 
 def task_run(ev, graph, deploy, aipp_params: dict, regions: list, metric: str, options: dict,
              names: dict | None = None) -> tuple[np.ndarray, list]:
-    """(``runs.region_sums`` of every held-out image, the task metric's record of every batch in order), sharded
-    over ``ev.engine`` with the single process's results; outputs named as ``runs.output_names`` says."""
+    """(``runs.region_sums`` of every held-out image, the task metric's records in image order: one per batch, or
+    one per image for a metric with ``records_per_image``), sharded over ``ev.engine`` with the single process's
+    results; outputs named as ``runs.output_names`` says."""
     shared = (ev, graph, deploy, aipp_params, regions, metric, dict(options), names)
     parts = sharded_parts(_task_shard, shared, ev)
     return np.concatenate([s for s, _ in parts]), [r for _, rs in parts for r in rs]
+
+
+def number_figures(metric: TaskMetric, records: list, checks: list[dict], r: Resampling, limits,
+                   n: int) -> tuple[list[dict], dict]:
+    """(a figure per limited number with its bootstrap interval, the draws by id): the function form's per-image
+    values re-averaged over each draw of images; per-image records (``records_per_image``) re-summarized over
+    each draw of images; other records (one per batch) over draws of batches."""
+    if not checks:
+        return [], {}
+    wanted = [c["number"] for c in checks]
+    if metric.per_image:
+        draws = {k: mean_replicates(r, np.concatenate([rec[k] for rec in records])) for k in wanted}
+    else:
+        rr = r if metric.records_per_image else resampling(np.zeros(len(records), int), r.resamples, r.seed,
+                                                            r.confidence)
+        summaries = record_replicates(rr, records, metric.summarize)
+        draws = {k: np.asarray([np.nan if s.get(k) is None else s[k] for s in summaries], np.float64) for k in wanted}
+    figures = [figure_of(c["number"], c["number"], c["number"], c["value"], c["limit"], c["kind"], draws[c["number"]],
+                      n, r.confidence) for c in checks]
+    return figures, draws
 
 
 def judge(numbers: dict, limits, defaults: dict) -> list[dict]:
@@ -195,10 +230,16 @@ class Task:
             numbers = metric.summarize(records)
             checks = judge(numbers, limits, metric.defaults)
             rows = region_rows(stats, regions, list(ev.names))
-            failures = [c["number"] for c in checks if not c["passed"]] + [
-                label(r) for r in rows if r["passed"] is False]
-            return {"images": int(len(stats)), "task": limits.metric, "entry": metric.entry, "numbers": numbers,
-                    "limits": checks, "outputs": rows, "failures": failures, "passed": not failures}
+            report = {"images": int(len(stats)), "task": limits.metric, "entry": metric.entry, "numbers": numbers,
+                      "limits": checks}
+            r = resampling(ev.labels, limits.resamples, limits.seed, limits.confidence)
+            figures, draws = number_figures(metric, records, checks, r, limits, len(stats))
+            more, more_draws = region_figures(rows, stats, r)
+            rows = mark_rows(with_intervals(rows, stats, r), more)
+            report = attach(report, figures + more, {**draws, **more_draws}, r, limits, outputs=rows)
+            for c in checks:   # each limit's verdict is its figure's
+                c["passed"] = c["number"] not in report["failures"]
+            return report
         return check
 
     def focus(self, r: dict) -> list[str] | None:
@@ -239,8 +280,8 @@ class Task:
         return f"{r['task']}: {said}{failing}"
 
     def failure(self, r: dict) -> str | None:
-        if r["passed"]:
-            return None
+        if not r["failures"]:
+            return explain(r, None)
         said = [f"{c['number']} {_num(c['value'])} does not meet evaluation.{c['kind']}.{c['number']} {c['limit']:g}"
                 if c["value"] is not None else
                 f"{c['number']} was not measured (the metric returned no value), so evaluation.{c['kind']}."
@@ -250,8 +291,8 @@ class Task:
             said.append(failure_text(r["outputs"], parts))
         others = ", ".join(f"{k} {_num(v)}" for k, v in r["numbers"].items()
                            if k not in {c["number"] for c in r["limits"]})
-        return (f"task metric {r['task']} on INT8 against FP32: " + "; ".join(said)
-                + (f" (its other numbers: {others})" if others else ""))
+        return explain(r, f"task metric {r['task']} on INT8 against FP32: " + "; ".join(said)
+                       + (f" (its other numbers: {others})" if others else ""))
 
     def summary_rows(self, r: dict) -> list[list]:
         limited = {c["number"]: c for c in r["limits"]}

@@ -7,14 +7,24 @@ from __future__ import annotations
 import numpy as np
 
 from ..quantization.deploy import quantized_graph
+from .intervals import FAIL, figure, mean_replicates, resampling, subset_mean_replicates
+from .outputs import region_rows, rows_text
+from .parts import Region
 from .protocol import Series, in_float
-from .runs import fp32_logits, int8_logits
+from .runs import fp32_logits, int8_logits, output_names, region_sums
+from .verdicts import attach, explain, with_intervals
 
 TOP5_FROM = 100   # classes from which the report shows top-5 too (ImageNet-style heads)
 
 
 def _pct(x: float) -> str:
     return f"{x * 100:.2f}%"
+
+
+def _interval_of(r: dict, fid: str) -> str:
+    f = next((f for f in r.get("figures", []) if f["id"] == fid), None)
+    return "" if f is None or f["low"] is None else (f" (the {r['bootstrap']['confidence']:.0%} interval "
+                                                     f"[{f['low'] * 100:.2f}, {f['high'] * 100:.2f}] points misses it)")
 
 
 def top5(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -58,19 +68,53 @@ def compare(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, threshold: float,
 
 
 
+def top1_figures(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, report: dict, r) -> tuple[list, dict]:
+    """(the gated figures with their intervals -- the drop, and each class's drop with ``max_class_drop`` --,
+    their bootstrap draws by id): paired per image (FP32 hit minus INT8 hit), stratified by class."""
+    diff = (fp.argmax(1) == labels).astype(np.float64) - (q.argmax(1) == labels)
+    draws = {"drop": mean_replicates(r, diff)}
+    figures = [figure("drop", "drop", "top-1 drop", report["drop"], report["threshold"], "max", draws["drop"],
+                      len(labels), r.confidence)]
+    if report.get("max_class_drop") is not None:
+        for c, v in report["per_class"].items():
+            members = labels == int(c)
+            fid = f"class {c} drop"
+            draws[fid] = subset_mean_replicates(r, diff, members)
+            figures.append(figure(fid, c, f"class {c} top-1 drop", v["fp32_top1"] - v["int8_top1"],
+                                  report["max_class_drop"], "max", draws[fid], int(members.sum()), r.confidence))
+    return figures, draws
+
+
+def judged(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, limits, output: str = "logits",
+           images: list | None = None) -> dict:
+    """``compare``'s report with every gated figure's interval and verdict (``verdicts.attach``: ``passed``
+    follows the verdict and ``evaluation.on_undecided``), and the fidelity of the output top-1 reads (cosine and
+    SQNR of INT8 against FP32 with their intervals; shown, not gated)."""
+    report = compare(fp, q, labels, limits.threshold, limits.max_class_drop)
+    r = resampling(labels, limits.resamples, limits.seed, limits.confidence)
+    figures, draws = top1_figures(fp, q, labels, report, r)
+    whole = [Region(output, output, (1,) + fp.shape[1:])]
+    stats = region_sums({output: fp}, {output: q}, whole, len(fp))
+    rows = with_intervals(region_rows(stats, whole, images or [""] * len(fp)), stats, r)
+    report = attach(report, figures, draws, r, limits, outputs=rows)
+    report["class_failures"] = [f["label"] for f in figures[1:] if f["verdict"] == FAIL]
+    return report
+
+
 class Top1:
     name = "top1"
     summary_keys = ("fp32_top1", "int8_top1", "drop", "threshold")  # the build summary's (latest.json)
     step_keys = ("int8_top1", "drop")                                 # each fallback step's
 
     def evaluate(self, ev, limits, graph, folded, qparams, aipp_params: dict, names: dict | None = None) -> dict:
-        return self.checker(ev, limits, graph, folded, aipp_params)(qparams)
+        return self.checker(ev, limits, graph, folded, aipp_params, names)(qparams)
 
     def checker(self, ev, limits, graph, folded, aipp_params: dict, names: dict | None = None):
         """``check(qparams) -> report`` for the automatic fallback: the FP32 logits computed once."""
         fp = fp32_logits(ev, graph)
-        return lambda qparams: compare(fp, int8_logits(ev, quantized_graph(folded, qparams), aipp_params), ev.labels,
-                                       limits.threshold, limits.max_class_drop)
+        first = output_names(graph, names)[0]
+        return lambda qparams: judged(fp, int8_logits(ev, quantized_graph(folded, qparams), aipp_params), ev.labels,
+                                      limits, first, list(ev.names))
 
     def focus(self, r: dict) -> None:
         """The network outputs a failed check points at: top-1 reads the one output."""
@@ -102,6 +146,9 @@ class Top1:
         lines.append(f"  {'class':<8} {'images':>6} {'FP32':>8} {'INT8':>8}")
         for c, v in r["per_class"].items():
             lines.append(f"  {c:<8} {v['images']:>6} {v['fp32_top1'] * 100:>7.2f}% {v['int8_top1'] * 100:>7.2f}%")
+        if r.get("outputs"):
+            lines += ["  fidelity of INT8 against FP32 on the output top-1 reads (shown, not gated):"] + rows_text(
+                r["outputs"])
         for c in r.get("class_failures", []):
             v = r["per_class"][c]
             lines.append(f"  class {c} drops {(v['fp32_top1'] - v['int8_top1']) * 100:.2f} points, more than "
@@ -114,13 +161,14 @@ class Top1:
                 f"threshold {r['threshold']:g}{five}")
 
     def failure(self, r: dict) -> str | None:
+        own = []
         if r.get("class_failures"):
-            return (f"class(es) {', '.join(r['class_failures'])} lose more top-1 than evaluation.max_class_drop "
-                    f"{r['max_class_drop'] * 100:.2f} points")
-        if not r["passed"]:
-            return (f"INT8 top-1 {r['int8_top1']:.4f} vs FP32 {r['fp32_top1']:.4f}: drop {r['drop'] * 100:.2f} "
-                    f"points exceeds evaluation.threshold {r['threshold'] * 100:.2f}")
-        return None
+            own.append(f"class(es) {', '.join(r['class_failures'])} lose more top-1 than evaluation.max_class_drop "
+                       f"{r['max_class_drop'] * 100:.2f} points")
+        if "drop" in r.get("failures", ["drop"] if not r["passed"] else []):
+            own.append(f"INT8 top-1 {r['int8_top1']:.4f} vs FP32 {r['fp32_top1']:.4f}: drop {r['drop'] * 100:.2f} "
+                       f"points exceeds evaluation.threshold {r['threshold'] * 100:.2f}" + _interval_of(r, "drop"))
+        return explain(r, "; ".join(own) or None)
 
     def summary_rows(self, r: dict) -> list[list]:
         five = [["FP32 top-5", _pct(r["fp32_top5"])], ["INT8 top-5", _pct(r["int8_top5"])]] if "fp32_top5" in r else []

@@ -6,6 +6,11 @@ deploy graph keep it as a float op -- until the accuracy check passes or ``max_o
 float, in the manner of AMCT's accuracy-based auto calibration and NNCF's
 quantize_with_accuracy_control.  Every step's accuracy is recorded.  Where the check names what fails
 (a detector's failing heads), each next op is the most sensitive on that (``rerank``).
+
+With ``settled`` (the build's: ``evaluation.intervals.settled``, every figure with a bootstrap interval) the
+roll-back stops once no figure FAILs on the tuning images: an UNDECIDED figure -- its interval straddles the limit --
+is within sampling noise of it, and rolling another layer back for noise would cost INT8 for nothing (the gate
+then judges its own images, ``evaluation.on_undecided`` deciding an UNDECIDED verdict there).
 """
 from __future__ import annotations
 
@@ -21,10 +26,12 @@ def without(qparams: QuantParams, nodes) -> QuantParams:
 
 def roll_back(qparams: QuantParams, ranking: list[str], check: Callable[[QuantParams], dict],
               max_ops: int, fields: tuple[str, ...] = ("int8_top1", "drop"),
-              rerank: Callable[[dict], list[str]] | None = None) -> tuple[QuantParams, list[dict]]:
+              rerank: Callable[[dict], list[str]] | None = None,
+              settled: Callable[[dict], bool] | None = None) -> tuple[QuantParams, list[dict]]:
     """(the selected parameters, the steps).  ``check(qparams)`` returns at least ``passed`` and ``fields``
     (the gate metric's step keys); each step records those with the ops in float at that point.
-    ``rerank(result)``, when given, is the ranking the next op is taken from after a failed check."""
+    ``rerank(result)``, when given, is the ranking the next op is taken from after a failed check;
+    ``settled(result)``, when given, says when to stop instead of ``passed`` (``evaluation.intervals.settled``)."""
     in_float: list[str] = []
     scopes = {q.node: q.scope for q in qparams.ops}
     steps = []
@@ -32,9 +39,11 @@ def roll_back(qparams: QuantParams, ranking: list[str], check: Callable[[QuantPa
     while True:
         current = without(qparams, in_float)
         result = check(current)
+        done = bool(settled(result) if settled else result["passed"])
         steps.append({"float_ops": [{"node": n, "scope": scopes[n]} for n in in_float],
-                      "int8_ops": len(current.ops), **{k: result[k] for k in fields}, "passed": bool(result["passed"])})
-        if result["passed"] or len(in_float) >= min(max_ops, len(candidates)):
+                      "int8_ops": len(current.ops), **{k: result[k] for k in fields}, "passed": done,
+                      **({"verdict": result["verdict"]} if "verdict" in result else {})})
+        if done or len(in_float) >= min(max_ops, len(candidates)):
             return current, steps
         order = [n for n in rerank(result) if n in scopes] if rerank else candidates
         in_float.append(next(n for n in order + candidates if n not in in_float))

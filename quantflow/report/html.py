@@ -15,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..evaluation.intervals import number
 from ..evaluation.metrics import metric
+from ..evaluation.outputs import rows_details
 from ..io.atomic import write_text
 from ..quantization.qparams import short_names
 from ..quantization.sensitivity import figure, focus_label
@@ -53,6 +55,19 @@ def _verdict_rows(m, gate: dict) -> list[list]:
                    ["range method", gate.get("calibration_method", "?")]]
 
 
+def figure_rows(gate: dict) -> tuple[list[str], list[list]]:
+    """(header, rows): each gated figure with its interval, limit, verdict (and the baseline's figure)."""
+    conf = gate["bootstrap"]["confidence"]
+    rows = []
+    for f in gate["figures"]:
+        b = f.get("baseline")
+        rows.append([f["figure"], number(f["value"]), "" if f["low"] is None else
+                     f"[{number(f['low'])}, {number(f['high'])}]", f"{'>=' if f['kind'] == 'min' else '<='} "
+                     f"{f['limit']:g}", f["verdict"], f.get("decide_images") or "",
+                     "" if not b else f"{number(b['value'])}: {'WORSE' if b['worse'] else 'not worse'} ({b['method']})"])
+    return (["figure", "value", f"{conf:.0%} interval", "limit", "verdict", "images to decide", "baseline"], rows)
+
+
 def _by_clipping(histograms: dict) -> list[str]:
     """The layers of ``histograms``, the largest share of calibration values outside the chosen clip first."""
     def clipped(h) -> float:
@@ -70,15 +85,21 @@ def render(title: str, gate: dict, sensitivity: dict | None, histograms: dict, f
     ``fallback``: {"mode", "steps"} or None."""
     m = metric(gate)
     verdict = "PASS" if gate["passed"] else "FAIL"
+    said = verdict if gate.get("verdict", verdict) == verdict else f"{verdict} ({gate['verdict']})"
     parts = [f"<h1>{html.escape(title)}</h1>",
-             f'<section id="verdict"><h2>Verdict: <span class="{verdict.lower()}">{verdict}</span></h2>',
+             f'<section id="verdict"><h2>Verdict: <span class="{verdict.lower()}">{said}</span></h2>',
              _table(["", "value"], _verdict_rows(m, gate))]
+    if gate.get("figures"):
+        parts.append(_table(*figure_rows(gate)))
     failure = m.failure(gate)
     if failure:
         parts.append(f'<p class="fail">{html.escape(failure)}</p>')
     parts.append("</section>")
     section, heading, head, rows = m.details(gate)
     parts += [f'<section id="{section}"><h2>{heading}</h2>', _table(head, rows), "</section>"]
+    if section != "per-output" and gate.get("outputs"):
+        parts += ['<section id="fidelity"><h2>Fidelity: INT8 against FP32 on the output (shown, not gated)</h2>',
+                  _table(*rows_details(gate["outputs"])), "</section>"]
     if sensitivity is None:
         ranking, short = _by_clipping(histograms), short_names([h["scope"] for h in histograms.values()])
         parts += ['<section id="sensitivity"><h2>Per-layer sensitivity</h2>',

@@ -1,6 +1,7 @@
 """The accuracy report as text (the console and ``accuracy_report.txt``)."""
 from __future__ import annotations
 
+from ..evaluation.intervals import line
 from ..evaluation.metrics import metric
 
 
@@ -8,8 +9,20 @@ def format_table(r: dict) -> str:
     """The report as text: where it was measured (and, after the automatic fallback, on which images it was tuned
     and its figure there), then the metric's own table."""
     verdict = "PASS" if r["passed"] else "FAIL"
+    if r.get("verdict") and r["verdict"] != verdict:
+        verdict = f"{verdict} ({r['verdict']}, evaluation.on_undecided = \"{r['on_undecided']}\")"
     head = [f"accuracy gate: {verdict}  ({r['images']} held-out images from {r.get('eval_data', '?')}, "
             f"calibration method {r.get('calibration_method', '?')}, {int8_ops(r)})"]
+    if r.get("figures"):
+        b = r["bootstrap"]
+        head.append(f"  gated figures, each with its {b['confidence']:.0%} paired bootstrap interval over the held-out "
+                    f"images ({b['resamples']} resamples, seed {b['seed']})"
+                    + (f"; baseline {r['baseline']['path']}" if r.get("baseline") else "") + ":")
+        head += [f"    {line(f)}" for f in r["figures"]]
+    h = r.get("held_out")
+    if h and h.get("tuning_images"):
+        head.append(f"  the gate judged {len(h['images'])} images, the fallback tuned on {len(h['tuning_images'])} "
+                    f"others ({h['tuning_source']}); accuracy_report.json held_out lists both")
     t = r.get("tuning")
     if t:
         head.append(f"  the fallback tuned on {t['images']} other images ({t['source']}): {t['figure']} "

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[2]
 # the demo project: its configuration, the shipped checkpoints with their training records (so that its build
 # trains nothing) and its images
@@ -68,3 +70,49 @@ def task_lines(output: str) -> dict[str, str]:
         if m.group(2) in STAGES:
             status[m.group(2)] = kinds[m.group(1)]
     return status
+
+
+# ----------------------------------------------------------------------------- a tiny ONNX project
+IMAGES_PER_CLASS = 6
+
+
+def tiny_onnx(path: Path, classes: int = 10, size: int = 32) -> None:
+    """Conv 4x4 stride 4 -> Relu -> Gemm, seeded weights, a dynamic batch as exporters write it."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    side = size // 4
+    weights = [numpy_helper.from_array(rng.normal(0, 0.3, (8, 3, 4, 4)).astype(np.float32), "w1"),
+               numpy_helper.from_array(rng.normal(0, 0.3, (classes, 8 * side * side)).astype(np.float32), "w2"),
+               numpy_helper.from_array(np.zeros(classes, np.float32), "b2")]
+    nodes = [helper.make_node("Conv", ["image", "w1"], ["c"], strides=[4, 4]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Flatten", ["r"], ["f"]), helper.make_node("Gemm", ["f", "w2", "b2"], ["y"], transB=1)]
+    g = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("image", TensorProto.FLOAT,
+                                                                        ["batch", 3, size, size])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", classes])], weights)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+
+
+def tiny_config() -> str:
+    """The demo's config for the tiny network (test_cli's project): fewer images, and a gate a random network passes (any drop)."""
+    text = onnx_config(REPO, "tiny.onnx")
+    for old, new in (('input_name = "x"', 'input_name = "image"'), ("count = 200", "count = 60"),
+                     ("per_class_min = 15", f"per_class_min = {IMAGES_PER_CLASS}"),
+                     ("threshold = 0.01", "threshold = 1.0")):
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
+def tiny_project(project: Path, config: str | None = None) -> Path:
+    """A folder holding only quantflow.toml (``config``, default ``tiny_config()``), tiny.onnx and
+    ``IMAGES_PER_CLASS`` images per class of the shipped demo folders: builds in seconds, nothing to train."""
+    project.mkdir(parents=True, exist_ok=True)
+    tiny_onnx(project / "tiny.onnx")
+    for folder in ("calib_data", "eval_data"):
+        for cls in sorted((REPO / folder).iterdir()):
+            (project / folder / cls.name).mkdir(parents=True)
+            for image in sorted(cls.iterdir())[:IMAGES_PER_CLASS]:
+                shutil.copy(image, project / folder / cls.name / image.name)
+    (project / "quantflow.toml").write_text(config or tiny_config())
+    return project
