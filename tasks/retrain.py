@@ -5,8 +5,9 @@ per-layer analysis, the fallback, the deploy graphs and the gate take from here 
 
 It starts from the parameters of the last parameter stage before it (``inputs.PARAMETER_STAGES``).  Its record
 ``retrain.json``: the settings, the loss of every step, the time, where MindSpore trained, and the distillation
-loss of the INT8 network on the calibration images as the emulator computes it before and after; when the
-retrained parameters do not lower it, the parameters it started from are kept (``kept``).  ``retrained.ckpt``:
+loss of the INT8 network on the calibration images as the emulator computes it before (``emulated_loss.before``)
+and with the retrained parameters (``.retrained``); when those do not lower it, the parameters it started from are
+kept (``kept``: "retrained" or "started from").  ``retrained.ckpt``:
 the learned float weights and biases of the INT8 ops (BatchNorm folded: ``<node>.weight`` / ``<node>.bias``) and
 the ranges (``<tensor>.range``), as a MindSpore checkpoint.
 """
@@ -88,7 +89,7 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
     record = {"mode": r.mode, "steps": r.steps, "lr": r.lr, "batch_size": r.batch_size, "seed": r.seed,
               "learn_ranges": r.learn_ranges, "device_target": r.device_target, "machine": platform.machine(),
               "images": int(len(images)), "int8_ops": len(qp.ops), "losses": run["losses"],
-              "seconds": round(run["seconds"], 3), "emulated_loss": {"before": before, "after": after},
+              "seconds": round(run["seconds"], 3), "emulated_loss": {"before": before, "retrained": after},
               "kept": kept, "terms": [t[3] for t in loss.terms]}
     write_json(kdir / RETRAIN_JSON, record)
     return record
@@ -118,7 +119,7 @@ def _run(b) -> None:
     e, losses = rec["emulated_loss"], rec["losses"]
     print(f"retrained in {rec['seconds']:.1f} s on {rec['device_target']}: training loss {losses[0]:.4g} -> "
           f"{losses[-1]:.4g}; INT8 (emulated) on {rec['images']} calibration images {e['before']:.4g} -> "
-          f"{e['after']:.4g}" + ("" if rec["kept"] == "retrained" else
+          f"{e['retrained']:.4g}" + ("" if rec["kept"] == "retrained" else
                                   " -- no better: the parameters it started from are kept") +
           f" -> {kdir / QPARAMS_JSON}")
 

@@ -147,10 +147,10 @@ def batch_free(graph: Graph) -> Graph:
 
 def write_qat_net(graph: Graph, qparams: QuantParams, out_dir: Path) -> tuple[Path, Path]:
     """``qat_net.py`` / ``qat_net.npz`` for the folded ``graph`` with ``qparams``' INT8 ops as ``FakeQuantOp``."""
-    from ..backends.deploy_mindspore import MindSporeWriter
     from ..errors import UnsupportedNetworkError
     from ..io.atomic import save_npz, write_text
     from ..ops import get as get_op
+    from ..ops.mindspore_writer import MindSporeWriter
 
     class Writer(MindSporeWriter):
         def x(self, node, i, keep_float32=False):

@@ -57,6 +57,15 @@ class DistillLoss:
         return total
 
 
+def _log(bar, step: int, steps: int, losses: list[float], start: float) -> None:
+    """The loss beside the bar; without a terminal (no bar) a line at every tenth of the steps."""
+    bar.set_postfix(loss=f"{losses[-1]:.4g}")
+    bar.update(1)
+    if bar.disable and (step + 1) % max(1, steps // 10) == 0:
+        print(f"  retrain step {step + 1}/{steps}: loss {np.mean(losses[-max(1, steps // 10):]):.4g} "
+              f"({time.perf_counter() - start:.0f} s)", flush=True)
+
+
 def _schedule(lr: float, steps: int):
     return ms.Tensor(np.array([lr * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * s / steps))) for s in range(steps)],
                               np.float32))
@@ -87,14 +96,13 @@ def train_distill(net, images: np.ndarray, loss: DistillLoss, steps: int, lr: fl
     net.cell.set_train(True)
     start = time.perf_counter()
     with progress(steps, "retrain", unit="step") as bar:
-        for _ in range(steps):
+        for s in range(steps):
             if len(order) < batch:
                 order = np.concatenate([order, rng.permutation(len(images))])
             idx, order = order[:batch], order[batch:]
             value = step(ms.Tensor(images[idx]), *(ms.Tensor(t[idx]) for t in teacher))
             losses.append(float(value.asnumpy()))
-            bar.set_postfix(loss=f"{losses[-1]:.4g}")
-            bar.update(1)
+            _log(bar, s, steps, losses, start)
     net.cell.set_train(False)
     return {"losses": losses, "seconds": time.perf_counter() - start}
 
@@ -111,8 +119,7 @@ def train_labels(net, loss_of_step, steps: int, lr: float) -> dict:
             value, grads = ms.value_and_grad(lambda: loss_of_step(s), None, opt.parameters)()
             opt(grads)
             losses.append(float(value.asnumpy()))
-            bar.set_postfix(loss=f"{losses[-1]:.4g}")
-            bar.update(1)
+            _log(bar, s, steps, losses, start)
     net.cell.set_train(False)
     return {"losses": losses, "seconds": time.perf_counter() - start}
 
