@@ -9,17 +9,19 @@ loss of the INT8 network on the calibration images as the emulator computes it b
 and with the retrained parameters (``.retrained``); when those do not lower it, the parameters it started from are
 kept (``kept``: "retrained" or "started from").  ``retrained.ckpt``:
 the learned float weights and biases of the INT8 ops (BatchNorm folded: ``<node>.weight`` / ``<node>.bias``) and
-the ranges (``<tensor>.range``), as a MindSpore checkpoint.
+the ranges (``<tensor>.range``), as a MindSpore checkpoint; ``network/``: the fake-quant network's generated
+source.
 """
 from __future__ import annotations
 
 import json
 import platform
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from quantflow.errors import QuantflowError
+from quantflow.errors import ConfigError, QuantflowError
 from quantflow.io.atomic import atomic_path, write_json
 from quantflow.quantization.qparams import QPARAMS_JSON, QPARAMS_NPZ, QuantParams
 
@@ -40,13 +42,8 @@ def _loss(cfg, graph, images: np.ndarray):
     teacher = float_runner(graph).run(images)
     names = output_names(cfg, graph) or {}
     regions = network_regions(graph, cfg.evaluation, names=names)
-    by_name = {names.get(o, o): o for o in graph.outputs}
-    return DistillLoss([_with_output(r, by_name[r.output]) for r in regions], list(graph.outputs), teacher)
-
-
-def _with_output(region, ir_name: str):
-    from dataclasses import replace
-    return replace(region, output=ir_name)
+    by_name = {names.get(o, o): o for o in graph.outputs}  # the regions name outputs as the model file does
+    return DistillLoss([replace(r, output=by_name[r.output]) for r in regions], list(graph.outputs), teacher)
 
 
 def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibration_paths: list[Path]) -> dict:
@@ -65,8 +62,12 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
     before = emulated_loss(graph, qp, images, loss)
     mode = ms.get_context("mode")
     try:
-        ms.set_context(mode=ms.GRAPH_MODE if r.mode == "distill" else ms.PYNATIVE_MODE,
-                       device_target=r.device_target)
+        try:
+            ms.set_context(mode=ms.GRAPH_MODE if r.mode == "distill" else ms.PYNATIVE_MODE,
+                           device_target=r.device_target)
+        except (RuntimeError, ValueError) as err:
+            raise ConfigError(f"retrain.device_target = {r.device_target!r}: MindSpore cannot train there on this "
+                              f"machine ({str(err).splitlines()[0]})") from None
         ms.set_seed(r.seed)
         net = FakeQuantNet(graph, qp, kdir / "network", learn_ranges=r.learn_ranges)
         print(f"retraining {len(qp.ops)} INT8 ops ({r.mode}, {r.steps} steps, lr {r.lr}, "

@@ -127,3 +127,33 @@ def test_the_retrain_section_is_checked():
     with pytest.raises(ValidationError, match="read only with"):
         RetrainSection(entry="m:f")
     assert RetrainSection().mode == "distill" and RetrainSection().device_target == "CPU"
+
+
+def test_without_a_retrain_section_the_stage_is_not_in_the_build(demo_cfg):
+    from quantflow.pipeline.build import Build
+    from tasks import STAGES
+    from tasks.inputs import parameters_stage
+
+    plain, retrained = Build(demo_cfg), Build(demo_cfg.model_copy(update={"retrain": RetrainSection()}))
+    assert "retrain" not in [s.name for s in plain.stages()] and "retrain" in [s.name for s in retrained.stages()]
+    # the stages after it read the calibrated parameters, needing what they needed before the stage existed
+    assert parameters_stage(demo_cfg) == "calibrate" and parameters_stage(retrained.cfg) == "retrain"
+    assert parameters_stage(retrained.cfg, before="retrain") == "calibrate"
+    for name in ("sensitivity", "fallback", "gate"):
+        assert "retrain" not in plain.needs(STAGES[name]) and "retrain" in retrained.needs(STAGES[name])
+        assert set(retrained.needs(STAGES[name])) - set(plain.needs(STAGES[name])) == {"retrain"}
+
+
+def test_the_report_shows_the_loss_curve():
+    from test_report import Report, gate_report
+
+    from quantflow.report.html import render
+
+    record = {"mode": "distill", "steps": 3, "lr": 1e-4, "int8_ops": 2, "learn_ranges": False, "device_target": "CPU",
+              "seconds": 1.5, "images": 64, "losses": [3.0, 2.0, 1.0], "kept": "retrained",
+              "emulated_loss": {"before": 2.5, "retrained": 1.2}}
+    page = render("t", gate_report(), None, {}, None, record)
+    assert page.count('<section id="retrain">') == 1 and 'alt="retraining loss"' in page
+    text = Report(page).text("retrain")
+    assert "3 steps of 2 INT8 ops" in text and "2.5 before, 1.2 retrained" in text
+    assert '<section id="retrain">' not in render("t", gate_report(), None, {}, None)
