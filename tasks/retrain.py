@@ -51,7 +51,7 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
 
     from quantflow.entry import load_entry
     from quantflow.quantization.passes import fold_for_quantization
-    from quantflow.quantization.qat import FakeQuantNet
+    from quantflow.quantization.qat import QAT_NET_PY, FakeQuantNet
     from quantflow.quantization.retraining import emulated_loss, train_distill, train_labels
 
     r, kdir = cfg.retrain, Path(kdir)
@@ -72,10 +72,15 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
         net = FakeQuantNet(graph, qp, kdir / "network", learn_ranges=r.learn_ranges)
         print(f"retraining {len(qp.ops)} INT8 ops ({r.mode}, {r.steps} steps, lr {r.lr}, "
               f"{'weights and ranges' if r.learn_ranges else 'weights; ranges frozen'}) on {r.device_target}")
-        if r.mode == "distill":
-            run = train_distill(net, images, loss, r.steps, r.lr, r.batch_size, r.seed)
-        else:
-            run = train_labels(net, load_entry(r.entry, "retrain.entry")(cfg, net.cell), r.steps, r.lr)
+        try:
+            if r.mode == "distill":
+                run = train_distill(net, images, loss, r.steps, r.lr, r.batch_size, r.seed)
+            else:
+                run = train_labels(net, load_entry(r.entry, "retrain.entry")(cfg, net.cell), r.steps, r.lr)
+        except (RuntimeError, TypeError, ValueError) as err:  # MindSpore's own errors are plain ones
+            raise QuantflowError(f"retrain: training the fake-quant network {kdir / 'network' / QAT_NET_PY} failed"
+                                 f"{' in retrain.entry ' + r.entry if r.entry else ''}: "
+                                 f"{(str(err).strip().splitlines() or [type(err).__name__])[0]}") from None
         learned = net.learned()
         retrained = net.requantized()
     finally:

@@ -157,3 +157,18 @@ def test_the_report_shows_the_loss_curve():
     text = Report(page).text("retrain")
     assert "3 steps of 2 INT8 ops" in text and "2.5 before, 1.2 retrained" in text
     assert '<section id="retrain">' not in render("t", gate_report(), None, {}, None)
+
+
+def failing_loss(cfg, network):
+    def loss(step):
+        raise ValueError("no labels here")
+    return loss
+
+
+def test_a_failing_training_is_one_message(demo_cfg, calibrated, tmp_path):
+    from quantflow.errors import QuantflowError
+
+    with pytest.raises(QuantflowError, match=r"retrain: training .*qat_net.py failed in retrain.entry "
+                                             r"test_retrain:failing_loss: no labels here"):
+        run_retrain(demo_cfg, calibrated, tmp_path / "retrain", mode="labels", entry="test_retrain:failing_loss",
+                    steps=2)
