@@ -434,6 +434,39 @@ class TrainSection(_Section):
         return _check_entry(v)
 
 
+class RetrainSection(_Section):
+    """``[retrain]``: quantization-aware fine-tuning of the INT8 parameters in the device's arithmetic (the
+    ``retrain`` stage, ``quantflow.quantization.qat``)."""
+    mode: Literal["distill", "labels"] = Field(
+        default="distill", description="distill: no labels, the FP32 network is the teacher on the calibration images "
+                                       "(loss on its outputs, or on each part of evaluation.parts); labels: the loss of "
+                                       "retrain.entry")
+    entry: Optional[str] = Field(
+        default=None, description="mode = 'labels': 'module:callable(config, network) -> loss(step)', loss(step) the "
+                                  "network's loss (a MindSpore scalar) on your labelled batch of that step")
+    steps: int = Field(default=200, gt=0, description="optimizer steps (Adam)")
+    lr: float = Field(default=1e-4, gt=0.0, description="learning rate (cosine decay to a tenth over the steps)")
+    batch_size: int = Field(default=32, gt=0, description="distill: calibration images per step")
+    seed: int = Field(default=0, ge=0, description="the order of the images and MindSpore's seed")
+    learn_ranges: bool = Field(default=False, description="learn the activation ranges (AscendQuant's scale and "
+                                                          "offset) too; false: frozen at the calibrated ones")
+    device_target: Literal["CPU", "GPU", "Ascend"] = Field(
+        default="CPU", description="where MindSpore trains: CPU here; GPU or Ascend on a training host")
+
+    @field_validator("entry")
+    @classmethod
+    def _entry(cls, v):
+        return None if v is None else _check_entry(v)
+
+    @model_validator(mode="after")
+    def _mode(self):
+        if self.mode == "labels" and self.entry is None:
+            raise ValueError("retrain.entry is required with retrain.mode = \"labels\" (your loss on labelled batches)")
+        if self.mode == "distill" and self.entry is not None:
+            raise ValueError("retrain.entry is read only with retrain.mode = \"labels\"; distill needs no entry")
+        return self
+
+
 class QuantflowConfig(_Section):
     model: ModelSection
     normalization: NormalizationSection
@@ -444,6 +477,7 @@ class QuantflowConfig(_Section):
     build: BuildSection = BuildSection()
     engine: EngineSection = EngineSection()
     train: Optional[TrainSection] = None
+    retrain: Optional[RetrainSection] = None
 
     # directory the configuration file lives in; relative paths are resolved against it
     root: Path = Field(default=Path("."), exclude=True)

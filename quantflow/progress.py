@@ -4,9 +4,10 @@ from __future__ import annotations
 import sys
 
 
-def progress(total: int | None, desc: str):
-    """A tqdm bar counting images; disabled when stderr is not a terminal (CI logs, doit capture)."""
+def progress(total: int | None, desc: str, unit: str = "img"):
+    """A tqdm bar counting images (or ``unit``s: the retraining counts steps, its loss beside them); disabled
+    when stderr is not a terminal (CI logs, doit capture)."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="img", disable=not sys.stderr.isatty(), leave=False,
+    return tqdm(total=total, desc=desc, unit=unit, disable=not sys.stderr.isatty(), leave=False,
                 dynamic_ncols=True)

@@ -23,7 +23,7 @@ from quantflow.quantization.qparams import QPARAMS_JSON, QPARAMS_NPZ, QuantParam
 
 from . import sensitivity
 from .aipp import read_params
-from .inputs import evaluation_set, output_names, read_graph
+from .inputs import evaluation_set, output_names, parameters_dir, read_graph
 from .preflight import module_file
 from .stage import Stage
 
@@ -90,7 +90,7 @@ def focus_ranking(sensitivity: dict, m, names: dict | None):
     return lambda report: rank(sensitivity["ops"], *focus(sensitivity, m, names, report))
 
 
-def fallback_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, aipp_dir: Path | None,
+def fallback_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, aipp_dir: Path | None,
                    sensitivity: dict | None) -> dict:
     from quantflow.evaluation.intervals import settled
     from quantflow.evaluation.metrics import metric
@@ -98,7 +98,7 @@ def fallback_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, aipp_d
     from quantflow.quantization.passes import fold_for_quantization
 
     kdir, q = Path(kdir), cfg.quantization
-    qp = QuantParams.load(calibrate_dir)
+    qp = QuantParams.load(params_dir)  # as calibrated, or retrained
     if q.fallback == "off":
         result = {"mode": "off", "steps": [], "float_ops": []}
     else:
@@ -130,7 +130,7 @@ def _auto(cfg) -> bool:
 
 def _run(b) -> None:
     c = b.cfg
-    result = fallback_stage(c, b.dir("fallback"), b.dir("calibrate"), b.dir("graph"),
+    result = fallback_stage(c, b.dir("fallback"), parameters_dir(b), b.dir("graph"),
                             b.dir("aipp") if _auto(c) else None, sensitivity.ensure(b) if _auto(c) else None)
     if result["mode"] == "off":
         print("quantization.fallback = off: every calibrated op stays INT8")
@@ -202,6 +202,6 @@ def _summary(b) -> dict:
 STAGE = Stage(
     name="fallback", doc='the INT8 parameters used: as calibrated, or (fallback = "auto") the most sensitive ops in '
                          'float16, tuned on images the gate does not judge',
-    run=_run, needs=lambda cfg: ("graph", "calibrate") + (("aipp", sensitivity.NAME) if _auto(cfg) else ()),
+    run=_run, needs=lambda cfg: ("graph", "calibrate", "retrain") + (("aipp", sensitivity.NAME) if _auto(cfg) else ()),
     key_inputs=_key_inputs,
     outputs=(QPARAMS_JSON, QPARAMS_NPZ, FALLBACK_JSON), summary=_summary)

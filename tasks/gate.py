@@ -30,6 +30,7 @@ from quantflow.io.files import JUNIT_XML, REPORT_DRAWS, REPORT_HTML, REPORT_JSON
 from quantflow.quantization.qparams import QuantParams
 from quantflow.report import ci
 
+from . import retrain
 from . import sensitivity as analysis
 from .aipp import read_params
 from .calibrate import load_histograms
@@ -42,7 +43,7 @@ ADVICE_LAYERS = 5   # the most sensitive layers a failing gate names
 
 
 def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_dir: Path, aipp_dir: Path,
-               sensitivity) -> dict:
+               sensitivity, retrain_dir: Path | None = None) -> dict:
     """The verdict, its reports, and on a failure an AccuracyGateError naming the layers to try.
     ``sensitivity(run)``: the per-layer analysis, or None where it has not run; with ``run`` true it is run first
     where it has not (a failing gate's message and report name the most sensitive layers)."""
@@ -94,7 +95,8 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
                                      + report.get("undecided", [])))
         layers = _focused(layers, m, output_names(cfg, graph), dict(report, failures=failing))
     html.write(kdir / REPORT_HTML, f"quantflow build report: {cfg.model.entry or cfg.model.mindir or cfg.model.onnx}",
-               report, layers, load_histograms(calibrate_dir, QuantParams.load(calibrate_dir)), fallback)
+               report, layers, load_histograms(calibrate_dir, QuantParams.load(calibrate_dir)), fallback,
+               retrain.read(retrain_dir) if retrain_dir else None)
     print(f"build report: {kdir / REPORT_HTML}")
     if failure:
         raise AccuracyGateError(f"{failure}{_advice(layers, qp, cfg)} (report: {kdir / REPORT_HTML})")
@@ -206,6 +208,7 @@ def _summary(b) -> dict:
 STAGE = Stage(
     name="gate", doc="INT8 emulation vs FP32 on held-out images; fails beyond the evaluation limits",
     run=lambda b: gate_stage(b.cfg, b.dir("gate"), b.dir("graph"), b.dir("calibrate"), b.dir("fallback"),
-                             b.dir("aipp"), lambda run=False: analysis.ensure(b) if run else analysis.read(b)),
-    needs=("graph", "calibrate", analysis.NAME, "fallback", "aipp"), key_inputs=_key_inputs,
+                             b.dir("aipp"), lambda run=False: analysis.ensure(b) if run else analysis.read(b),
+                             b.dir("retrain") if b.cfg.retrain else None),
+    needs=("graph", "calibrate", "retrain", analysis.NAME, "fallback", "aipp"), key_inputs=_key_inputs,
     outputs=GATE_FILES, summary=_summary)

@@ -37,3 +37,21 @@ def output_names(cfg, graph) -> dict | None:
     import onnx
     declared = [o.name for o in onnx.load(str(cfg.path(cfg.model.onnx)), load_external_data=False).graph.output]
     return dict(zip(graph.outputs, declared)) if len(declared) == len(graph.outputs) else None
+
+
+# the stages that write the INT8 parameters (qparams), in build order: each reads the last one before it that the
+# configuration has, and the stages after them (the per-layer analysis, the fallback) read the last of all
+PARAMETER_STAGES = ("calibrate", "retrain")
+
+
+def parameters_stage(cfg, before: str | None = None) -> str:
+    """The last parameter stage (``PARAMETER_STAGES``) this configuration has, or the last before ``before``."""
+    from . import STAGES
+
+    names = PARAMETER_STAGES[:PARAMETER_STAGES.index(before)] if before else PARAMETER_STAGES
+    return [n for n in names if STAGES[n].used(cfg)][-1]
+
+
+def parameters_dir(b, before: str | None = None) -> Path:
+    """The folder of the INT8 parameters (qparams.json / .npz) of ``parameters_stage``."""
+    return b.dir(parameters_stage(b.cfg, before))

@@ -17,7 +17,7 @@ from quantflow.engine import shard
 from quantflow.io.atomic import write_json, write_text
 from quantflow.quantization.qparams import QuantParams
 
-from .inputs import image_batches, output_names, read_graph
+from .inputs import image_batches, output_names, parameters_dir, read_graph
 from .stage import Stage
 
 NAME = "sensitivity"
@@ -36,7 +36,7 @@ def _run(b) -> None:
     from quantflow.quantization.sensitivity import analyse
 
     cfg, kdir = b.cfg, b.dir(NAME)
-    qp = QuantParams.load(b.dir("calibrate"))
+    qp = QuantParams.load(parameters_dir(b))
     graph = fold_for_quantization(read_graph(cfg, b.dir("graph")))
     paths = b.calibration_paths()[:cfg.quantization.sensitivity_images]
     print(f"per-layer analysis: {len(qp.ops)} INT8 ops, each alone in INT8, on {len(paths)} calibration images "
@@ -88,5 +88,5 @@ def _key_inputs(b) -> dict:
 
 STAGE = Stage(
     name=NAME, doc="per-layer analysis: each INT8 op alone in INT8 against FP32 (for fallback 'auto' or 'always')",
-    run=_run, needs=("sample", "graph", "calibrate"), key_inputs=_key_inputs, used=used,
+    run=_run, needs=("sample", "graph", "calibrate", "retrain"), key_inputs=_key_inputs, used=used,
     outputs=(SENSITIVITY_JSON, SENSITIVITY_TXT))

@@ -78,7 +78,8 @@ def _by_clipping(histograms: dict) -> list[str]:
     return sorted(histograms, key=lambda n: (-clipped(histograms[n]), n))
 
 
-def render(title: str, gate: dict, sensitivity: dict | None, histograms: dict, fallback: dict | None) -> str:
+def render(title: str, gate: dict, sensitivity: dict | None, histograms: dict, fallback: dict | None,
+           retrain: dict | None = None) -> str:
     """``gate``: the accuracy report; ``sensitivity``: ``Sensitivity.as_dict()``, or None where the per-layer
     analysis did not run (the histograms shown are then those of the layers that clip the most); ``histograms``:
     node -> {"scope", "hist", "lo", "hi", "clip"} (may be empty: minmax collects none);
@@ -156,6 +157,9 @@ def render(title: str, gate: dict, sensitivity: dict | None, histograms: dict, f
                  f"float16:</p>{note}" + (_table(["layer", "op", "why"], [[x["layer"], x["op"], x["reason"]]
                                                                          for x in layers]) if layers else ""))
     parts.append("</section>")
+    if retrain:  # retrain.json (quantflow.report.retrain)
+        from .retrain import section
+        parts.append(section(retrain))
     parts.append('<section id="fallback"><h2>Float16 fallback</h2>')
     steps = (fallback or {}).get("steps", [])
     if not steps or (fallback or {}).get("mode") == "off":
@@ -177,5 +181,6 @@ def render(title: str, gate: dict, sensitivity: dict | None, histograms: dict, f
             f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
 
 
-def write(path: Path, title: str, gate: dict, sensitivity: dict | None, histograms: dict, fallback: dict | None) -> Path:
-    return write_text(path, render(title, gate, sensitivity, histograms, fallback))
+def write(path: Path, title: str, gate: dict, sensitivity: dict | None, histograms: dict, fallback: dict | None,
+          retrain: dict | None = None) -> Path:
+    return write_text(path, render(title, gate, sensitivity, histograms, fallback, retrain))

@@ -1,0 +1,135 @@
+"""Quantization-aware fine-tuning of the INT8 parameters: the fake-quant network (``qat.FakeQuantNet``) trained
+with Adam, then requantized through the scheme (``FakeQuantNet.requantized``).
+
+- ``distill`` (no labels): the FP32 network is the teacher on the calibration images; the loss is, summed over
+  the regions the gate compares (every output whole, or the parts ``evaluation.parts`` names in its place), the
+  squared error of the student's region against the teacher's relative to the teacher's energy there
+  (``sum (s - t)^2 / sum t^2``: 1/SQNR, so a part of small values -- a detector's scores beside its boxes in
+  pixels -- weighs as much as a large one);
+- ``labels``: the user's loss, ``loss(step)`` from ``retrain.entry(config, network)``.
+
+The learning rate decays from ``lr`` to a tenth of it over the steps (cosine).  ``train`` returns the loss of
+every step; the retrain stage measures the result on the emulator (``emulated_loss``), which is what the device
+computes, not the training network's float32 view of it.
+"""
+from __future__ import annotations
+
+import time
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+
+from ..progress import progress
+
+
+class DistillLoss:
+    """The distillation loss (module doc) over ``regions`` (``quantflow.evaluation.parts.Region``: the output
+    index of each in ``outputs``), against ``teacher``: output name -> FP32 outputs of all the images."""
+
+    def __init__(self, regions: list, outputs: list[str], teacher: dict[str, np.ndarray]):
+        self.terms = []
+        for r in regions:
+            if r.part is None and any(p.output == r.output and p.part for p in regions):
+                continue  # an output split into parts is learned on its parts
+            t = teacher[r.output]
+            sel = (slice(None),) * r.axis + (slice(r.start, r.stop),) if r.axis is not None else ()
+            energy = float(np.mean(np.square(t[sel], dtype=np.float64))) or 1.0
+            self.terms.append((outputs.index(r.output), sel, energy, r.label))
+        self.teacher = [teacher[o] for o in outputs]
+
+    def numpy(self, student: list[np.ndarray], index=slice(None)) -> float:
+        """The loss of ``student`` (the outputs, in order) against the teacher's ``index`` images."""
+        total = 0.0
+        for i, sel, energy, _ in self.terms:
+            d = np.asarray(student[i], np.float64) - self.teacher[i][index]
+            total += float(np.mean(np.square(d[sel]))) / energy
+        return total
+
+    def mindspore(self, student, teacher):
+        """The same on MindSpore tensors: ``student`` / ``teacher`` tuples of the outputs of one batch."""
+        total = 0.0
+        for i, sel, energy, _ in self.terms:
+            d = student[i] - teacher[i]
+            if sel:
+                d = d[sel]
+            total = total + ops.square(d).mean() / energy
+        return total
+
+
+def _log(bar, step: int, steps: int, losses: list[float], start: float) -> None:
+    """The loss beside the bar; without a terminal (no bar) a line at every tenth of the steps."""
+    bar.set_postfix(loss=f"{losses[-1]:.4g}")
+    bar.update(1)
+    if bar.disable and (step + 1) % max(1, steps // 10) == 0:
+        print(f"  retrain step {step + 1}/{steps}: loss {np.mean(losses[-max(1, steps // 10):]):.4g} "
+              f"({time.perf_counter() - start:.0f} s)", flush=True)
+
+
+def _schedule(lr: float, steps: int):
+    return ms.Tensor(np.array([lr * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * s / steps))) for s in range(steps)],
+                              np.float32))
+
+
+def train_distill(net, images: np.ndarray, loss: DistillLoss, steps: int, lr: float, batch_size: int, seed: int,
+                  jit: bool = True) -> dict:
+    """``steps`` Adam steps of ``net`` (``qat.FakeQuantNet``) on batches of ``images`` (float32, the training
+    preprocessing), drawn without replacement in a seeded order; returns {"losses", "seconds"}."""
+    rng = np.random.default_rng(seed)
+    teacher = loss.teacher
+    opt = nn.Adam(net.trainable, learning_rate=_schedule(lr, steps))
+
+    def forward(x, *t):
+        out = net.cell(x)
+        return loss.mindspore(out if isinstance(out, tuple) else (out,), t)
+
+    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+
+    def step(x, *t):
+        value, grads = grad_fn(x, *t)
+        opt(grads)
+        return value
+
+    step = ms.jit(step) if jit else step
+    batch = min(batch_size, len(images))
+    order, losses = np.array([], int), []
+    net.cell.set_train(True)
+    start = time.perf_counter()
+    with progress(steps, "retrain", unit="step") as bar:
+        for s in range(steps):
+            if len(order) < batch:
+                order = np.concatenate([order, rng.permutation(len(images))])
+            idx, order = order[:batch], order[batch:]
+            value = step(ms.Tensor(images[idx]), *(ms.Tensor(t[idx]) for t in teacher))
+            losses.append(float(value.asnumpy()))
+            _log(bar, s, steps, losses, start)
+    net.cell.set_train(False)
+    return {"losses": losses, "seconds": time.perf_counter() - start}
+
+
+def train_labels(net, loss_of_step, steps: int, lr: float) -> dict:
+    """``steps`` Adam steps on the user's ``loss_of_step(step)`` (a MindSpore scalar computed with ``net.cell``),
+    in MindSpore's PyNative mode (the user's code loads its batches in Python)."""
+    opt = nn.Adam(net.trainable, learning_rate=_schedule(lr, steps))
+    losses = []
+    net.cell.set_train(True)
+    start = time.perf_counter()
+    with progress(steps, "retrain", unit="step") as bar:
+        for s in range(steps):
+            value, grads = ms.value_and_grad(lambda: loss_of_step(s), None, opt.parameters)()
+            opt(grads)
+            losses.append(float(value.asnumpy()))
+            _log(bar, s, steps, losses, start)
+    net.cell.set_train(False)
+    return {"losses": losses, "seconds": time.perf_counter() - start}
+
+
+def emulated_loss(graph, qparams, images: np.ndarray, loss: DistillLoss) -> float:
+    """The distillation loss of the INT8 network as the emulator computes it (the device's arithmetic) on
+    ``images`` (all of the teacher's)."""
+    from ..engine.int8_emulator import Emulator
+    from .deploy import quantized_graph
+
+    emulator = Emulator(quantized_graph(graph, qparams))
+    outs = emulator.outputs(images.astype(np.float16))
+    return loss.numpy([outs[o] for o in graph.outputs])

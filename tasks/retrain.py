@@ -1,0 +1,152 @@
+"""retrain: only with a ``[retrain]`` section: quantization-aware fine-tuning of the INT8 parameters in the
+device's arithmetic (``quantflow.quantization.qat``, ``quantflow.quantization.retraining``), then the same path
+as calibration's output: the learned weights (and ranges) quantized by the scheme into ``qparams``, which the
+per-layer analysis, the fallback, the deploy graphs and the gate take from here (``inputs.parameters_dir``).
+
+It starts from the parameters of the last parameter stage before it (``inputs.PARAMETER_STAGES``).  Its record
+``retrain.json``: the settings, the loss of every step, the time, where MindSpore trained, and the distillation
+loss of the INT8 network on the calibration images as the emulator computes it before (``emulated_loss.before``)
+and with the retrained parameters (``.retrained``); when those do not lower it, the parameters it started from are
+kept (``kept``: "retrained" or "started from").  ``retrained.ckpt``:
+the learned float weights and biases of the INT8 ops (BatchNorm folded: ``<node>.weight`` / ``<node>.bias``) and
+the ranges (``<tensor>.range``), as a MindSpore checkpoint; ``network/``: the fake-quant network's generated
+source.
+"""
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from quantflow.errors import ConfigError, QuantflowError
+from quantflow.io.atomic import atomic_path, write_json
+from quantflow.quantization.qparams import QPARAMS_JSON, QPARAMS_NPZ, QuantParams
+
+from .inputs import image_batches, output_names, parameters_dir, read_graph
+from .preflight import module_file
+from .stage import Stage
+
+NAME = "retrain"
+RETRAIN_JSON, RETRAINED_CKPT = "retrain.json", "retrained.ckpt"
+
+
+def _loss(cfg, graph, images: np.ndarray):
+    """The distillation loss against the FP32 network's outputs on ``images``."""
+    from quantflow.engine.runner import float_runner
+    from quantflow.evaluation.outputs import network_regions
+    from quantflow.quantization.retraining import DistillLoss
+
+    teacher = float_runner(graph).run(images)
+    names = output_names(cfg, graph) or {}
+    regions = network_regions(graph, cfg.evaluation, names=names)
+    by_name = {names.get(o, o): o for o in graph.outputs}  # the regions name outputs as the model file does
+    return DistillLoss([replace(r, output=by_name[r.output]) for r in regions], list(graph.outputs), teacher)
+
+
+def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibration_paths: list[Path]) -> dict:
+    import mindspore as ms
+
+    from quantflow.entry import load_entry
+    from quantflow.quantization.passes import fold_for_quantization
+    from quantflow.quantization.qat import QAT_NET_PY, FakeQuantNet
+    from quantflow.quantization.retraining import emulated_loss, train_distill, train_labels
+
+    r, kdir = cfg.retrain, Path(kdir)
+    qp = QuantParams.load(params_dir)
+    graph = fold_for_quantization(read_graph(cfg, graph_dir))
+    images = np.concatenate(list(image_batches(cfg, calibration_paths, cfg.calibration.batch_size)))
+    loss = _loss(cfg, graph, images)
+    before = emulated_loss(graph, qp, images, loss)
+    mode = ms.get_context("mode")
+    try:
+        try:
+            ms.set_context(mode=ms.GRAPH_MODE if r.mode == "distill" else ms.PYNATIVE_MODE,
+                           device_target=r.device_target)
+        except (RuntimeError, ValueError) as err:
+            raise ConfigError(f"retrain.device_target = {r.device_target!r}: MindSpore cannot train there on this "
+                              f"machine ({str(err).splitlines()[0]})") from None
+        ms.set_seed(r.seed)
+        net = FakeQuantNet(graph, qp, kdir / "network", learn_ranges=r.learn_ranges)
+        print(f"retraining {len(qp.ops)} INT8 ops ({r.mode}, {r.steps} steps, lr {r.lr}, "
+              f"{'weights and ranges' if r.learn_ranges else 'weights; ranges frozen'}) on {r.device_target}")
+        try:
+            if r.mode == "distill":
+                run = train_distill(net, images, loss, r.steps, r.lr, r.batch_size, r.seed)
+            else:
+                run = train_labels(net, load_entry(r.entry, "retrain.entry")(cfg, net.cell), r.steps, r.lr)
+        except (RuntimeError, TypeError, ValueError) as err:  # MindSpore's own errors are plain ones
+            raise QuantflowError(f"retrain: training the fake-quant network {kdir / 'network' / QAT_NET_PY} failed"
+                                 f"{' in retrain.entry ' + r.entry if r.entry else ''}: "
+                                 f"{(str(err).strip().splitlines() or [type(err).__name__])[0]}") from None
+        learned = net.learned()
+        retrained = net.requantized()
+    finally:
+        ms.set_context(mode=mode)
+    if not np.all(np.isfinite(run["losses"])):
+        raise QuantflowError(f"retrain: the loss is not finite after {len(run['losses'])} steps (retrain.lr = {r.lr} "
+                             f"too large?)")
+    after = emulated_loss(graph, retrained, images, loss)
+    kept = "retrained" if after < before else "started from"
+    (retrained if kept == "retrained" else qp).save(kdir)
+    _save_checkpoint(kdir / RETRAINED_CKPT, learned, qp)
+    record = {"mode": r.mode, "steps": r.steps, "lr": r.lr, "batch_size": r.batch_size, "seed": r.seed,
+              "learn_ranges": r.learn_ranges, "device_target": r.device_target, "machine": platform.machine(),
+              "images": int(len(images)), "int8_ops": len(qp.ops), "losses": run["losses"],
+              "seconds": round(run["seconds"], 3), "emulated_loss": {"before": before, "retrained": after},
+              "kept": kept, "terms": [t[3] for t in loss.terms]}
+    write_json(kdir / RETRAIN_JSON, record)
+    return record
+
+
+def _save_checkpoint(path: Path, learned: dict, qp: QuantParams) -> None:
+    import mindspore as ms
+
+    items, ranges = [], {}
+    for q in qp.ops:
+        v = learned[q.node]
+        items += [{"name": f"{q.node}.weight", "data": ms.Tensor(v["weight"])},
+                  {"name": f"{q.node}.bias", "data": ms.Tensor(v["bias"])}]
+        ranges.setdefault(q.input, v["range"].astype(np.float32))
+    items += [{"name": f"{t}.range", "data": ms.Tensor(v)} for t, v in ranges.items()]
+    with atomic_path(path, in_folder=True) as tmp:
+        ms.save_checkpoint(items, str(tmp))
+
+
+def read(retrain_dir: Path) -> dict:
+    return json.loads((Path(retrain_dir) / RETRAIN_JSON).read_text())
+
+
+def _run(b) -> None:
+    kdir = b.dir(NAME)
+    rec = retrain_stage(b.cfg, kdir, parameters_dir(b, before=NAME), b.dir("graph"), b.calibration_paths())
+    e, losses = rec["emulated_loss"], rec["losses"]
+    print(f"retrained in {rec['seconds']:.1f} s on {rec['device_target']}: training loss {losses[0]:.4g} -> "
+          f"{losses[-1]:.4g}; INT8 (emulated) on {rec['images']} calibration images {e['before']:.4g} -> "
+          f"{e['retrained']:.4g}" + ("" if rec["kept"] == "retrained" else
+                                  " -- no better: the parameters it started from are kept") +
+          f" -> {kdir / QPARAMS_JSON}")
+
+
+def _key_inputs(b) -> dict:
+    c = b.cfg.model_dump(mode="json")
+    r = b.cfg.retrain
+    key = {"retrain": c["retrain"], "parts": c["evaluation"]["parts"], "normalization": c["normalization"],
+           "batch_size": c["calibration"]["batch_size"]}
+    if r.entry:
+        from quantflow.io.digest import file_sha256
+        key["entry_sources"] = [file_sha256(Path(f)) for f in module_file(r.entry)]
+    return key
+
+
+def _summary(b) -> dict:
+    d = b.dir(NAME)
+    return {"retrained_checkpoint": str(d / RETRAINED_CKPT), "retrain_record": str(d / RETRAIN_JSON)}
+
+
+STAGE = Stage(
+    name=NAME, doc="quantization-aware fine-tuning in the device's arithmetic, then requantized (only with [retrain])",
+    run=_run, needs=("sample", "graph", "calibrate"), key_inputs=_key_inputs, used=lambda cfg: cfg.retrain is not None,
+    outputs=(QPARAMS_JSON, QPARAMS_NPZ, RETRAIN_JSON, RETRAINED_CKPT), summary=_summary)

@@ -1,0 +1,174 @@
+"""The retrain stage on the demo (DigitsNet): a few steps of distillation (and of a labelled loss) lower the INT8
+network's error against FP32 as the emulator computes it, and the artifacts say what was trained and are
+consistent with each other.  Nothing here depends on how the training goes on this processor beyond the loss
+falling: values are checked against the artifacts and against independent runs of the emulator."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from quantflow.config import RetrainSection
+from quantflow.engine.int8_emulator import Emulator
+from quantflow.engine.runner import float_runner
+from quantflow.quantization.deploy import quantized_graph
+from quantflow.quantization.passes import fold_for_quantization
+from quantflow.quantization.qparams import QuantParams
+
+
+@pytest.fixture(scope="module")
+def calibrated(demo_cfg, tmp_path_factory):
+    """The demo's graph and calibration stages run on 64 of its calibration images: (graph dir, calibrate dir,
+    the images' paths)."""
+    from tasks.calibrate import calibrate_stage
+    from tasks.graph import graph_stage
+
+    root = tmp_path_factory.mktemp("retrain")
+    paths = sorted(demo_cfg.path(demo_cfg.calibration.data_dir).rglob("*.png"))[::3][:64]
+    graph_dir, calibrate_dir = root / "graph", root / "calibrate"
+    graph_dir.mkdir()
+    calibrate_dir.mkdir()
+    graph_stage(demo_cfg, graph_dir, paths)
+    calibrate_stage(demo_cfg, calibrate_dir, paths, graph_dir)
+    return graph_dir, calibrate_dir, paths
+
+
+def relative_error(cfg, graph_dir, qparams_dir, paths) -> float:
+    """sum (INT8 - FP32)^2 / sum FP32^2 of the logits on ``paths``, INT8 by the emulator: the distillation loss
+    of a one-output network, computed here on its own."""
+    from tasks.inputs import image_batches, read_graph
+
+    graph = fold_for_quantization(read_graph(cfg, graph_dir))
+    x = np.concatenate(list(image_batches(cfg, paths, 32)))
+    fp32 = float_runner(graph).run(x)[graph.outputs[0]].astype(np.float64)
+    int8 = Emulator(quantized_graph(graph, QuantParams.load(qparams_dir))).logits(x.astype(np.float16))
+    return float(np.mean((int8 - fp32) ** 2) / np.mean(fp32 ** 2))
+
+
+def run_retrain(cfg, calibrated, out, **settings):
+    from tasks.retrain import retrain_stage
+
+    graph_dir, calibrate_dir, paths = calibrated
+    cfg = cfg.model_copy(update={"retrain": RetrainSection(**settings)})
+    out.mkdir()
+    return cfg, retrain_stage(cfg, out, calibrate_dir, graph_dir, paths)
+
+
+@pytest.mark.parametrize("learn_ranges", [False, True], ids=["weights", "weights-and-ranges"])
+def test_a_few_distillation_steps_lower_the_int8_error_and_write_the_artifacts(demo_cfg, calibrated, tmp_path,
+                                                                              learn_ranges):
+    import mindspore as ms
+
+    from quantflow.quantization.qat import requantize
+    from tasks.retrain import RETRAIN_JSON, RETRAINED_CKPT
+
+    graph_dir, calibrate_dir, paths = calibrated
+    out = tmp_path / "retrain"
+    cfg, record = run_retrain(demo_cfg, calibrated, out, steps=12, lr=1e-4, batch_size=16,
+                              learn_ranges=learn_ranges)
+    assert json.loads((out / RETRAIN_JSON).read_text()) == json.loads(json.dumps(record))
+    assert record["steps"] == len(record["losses"]) == 12 and record["device_target"] == "CPU"
+    assert record["seconds"] > 0 and record["images"] == len(paths) and record["learn_ranges"] == learn_ranges
+    before, after = relative_error(cfg, graph_dir, calibrate_dir, paths), relative_error(cfg, graph_dir, out, paths)
+    assert record["emulated_loss"] == pytest.approx({"before": before, "retrained": after}, rel=1e-6)
+    assert record["kept"] == "retrained" and after < before
+
+    # the checkpoint holds what was learned, and the qparams are its quantization by the scheme
+    calibrated_qp, retrained_qp = QuantParams.load(calibrate_dir), QuantParams.load(out)
+    saved = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(out / RETRAINED_CKPT)).items()}
+    learned = {q.node: {"weight": saved[f"{q.node}.weight"], "bias": saved[f"{q.node}.bias"],
+                        "range": saved[f"{q.input}.range"].astype(np.float64)} for q in calibrated_qp.ops}
+    again = requantize(calibrated_qp, learned, learn_ranges)
+    assert [q.node for q in retrained_qp.ops] == [q.node for q in calibrated_qp.ops]
+    assert [f.node for f in retrained_qp.float16] == [f.node for f in calibrated_qp.float16]
+    for a, b, c in zip(again.ops, retrained_qp.ops, calibrated_qp.ops):
+        np.testing.assert_array_equal(a.weight, b.weight)
+        np.testing.assert_array_equal(a.bias, b.bias)
+        assert (b.scale_d, b.offset_d) == ((a.scale_d, a.offset_d) if learn_ranges else (c.scale_d, c.offset_d))
+    assert any(not np.array_equal(b.weight, c.weight) for b, c in zip(retrained_qp.ops, calibrated_qp.ops))
+
+
+def labels_loss(cfg, network):
+    """A ``retrain.entry`` for the labelled mode: cross-entropy on the demo's training split, 32 images a step."""
+    import mindspore as ms
+    from mindspore import nn
+
+    from quantflow.demo import data
+
+    images, labels = data.make_images()
+    train, _, _ = data.split(labels)
+    x, y = data.preprocess_batch(images[train[:256]]), labels[train[:256]].astype(np.int32)
+    ce = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+    def loss(step):
+        s = (32 * step) % len(x)
+        return ce(network(ms.Tensor(x[s:s + 32])), ms.Tensor(y[s:s + 32]))
+    return loss
+
+
+def test_the_labelled_mode_trains_on_the_users_loss(demo_cfg, calibrated, tmp_path):
+    graph_dir, calibrate_dir, paths = calibrated
+    out = tmp_path / "retrain"
+    _, record = run_retrain(demo_cfg, calibrated, out, mode="labels", entry="test_retrain:labels_loss", steps=6,
+                            lr=1e-4)
+    assert record["mode"] == "labels" and len(record["losses"]) == 6 and np.all(np.isfinite(record["losses"]))
+    # the parameters kept are the retrained ones where they lower the emulated error, else the calibrated ones
+    e, kept = record["emulated_loss"], relative_error(demo_cfg, graph_dir, out, paths)
+    assert kept == pytest.approx(e["retrained"] if record["kept"] == "retrained" else e["before"], rel=1e-6)
+    assert kept <= e["before"] * (1 + 1e-6)
+
+
+def test_the_retrain_section_is_checked():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="retrain.entry is required"):
+        RetrainSection(mode="labels")
+    with pytest.raises(ValidationError, match="read only with"):
+        RetrainSection(entry="m:f")
+    assert RetrainSection().mode == "distill" and RetrainSection().device_target == "CPU"
+
+
+def test_without_a_retrain_section_the_stage_is_not_in_the_build(demo_cfg):
+    from quantflow.pipeline.build import Build
+    from tasks import STAGES
+    from tasks.inputs import parameters_stage
+
+    plain, retrained = Build(demo_cfg), Build(demo_cfg.model_copy(update={"retrain": RetrainSection()}))
+    assert "retrain" not in [s.name for s in plain.stages()] and "retrain" in [s.name for s in retrained.stages()]
+    # the stages after it read the calibrated parameters, needing what they needed before the stage existed
+    assert parameters_stage(demo_cfg) == "calibrate" and parameters_stage(retrained.cfg) == "retrain"
+    assert parameters_stage(retrained.cfg, before="retrain") == "calibrate"
+    for name in ("sensitivity", "fallback", "gate"):
+        assert "retrain" not in plain.needs(STAGES[name]) and "retrain" in retrained.needs(STAGES[name])
+        assert set(retrained.needs(STAGES[name])) - set(plain.needs(STAGES[name])) == {"retrain"}
+
+
+def test_the_report_shows_the_loss_curve():
+    from test_report import Report, gate_report
+
+    from quantflow.report.html import render
+
+    record = {"mode": "distill", "steps": 3, "lr": 1e-4, "int8_ops": 2, "learn_ranges": False, "device_target": "CPU",
+              "seconds": 1.5, "images": 64, "losses": [3.0, 2.0, 1.0], "kept": "retrained",
+              "emulated_loss": {"before": 2.5, "retrained": 1.2}}
+    page = render("t", gate_report(), None, {}, None, record)
+    assert page.count('<section id="retrain">') == 1 and 'alt="retraining loss"' in page
+    text = Report(page).text("retrain")
+    assert "3 steps of 2 INT8 ops" in text and "2.5 before, 1.2 retrained" in text
+    assert '<section id="retrain">' not in render("t", gate_report(), None, {}, None)
+
+
+def failing_loss(cfg, network):
+    def loss(step):
+        raise ValueError("no labels here")
+    return loss
+
+
+def test_a_failing_training_is_one_message(demo_cfg, calibrated, tmp_path):
+    from quantflow.errors import QuantflowError
+
+    with pytest.raises(QuantflowError, match=r"retrain: training .*qat_net.py failed in retrain.entry "
+                                             r"test_retrain:failing_loss: no labels here"):
+        run_retrain(demo_cfg, calibrated, tmp_path / "retrain", mode="labels", entry="test_retrain:failing_loss",
+                    steps=2)
