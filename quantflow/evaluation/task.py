@@ -34,8 +34,8 @@ from ..quantization.deploy import quantized_graph
 from .outputs import failing_outputs, failure_text, label, network_regions, region_rows, rows_details, rows_text
 from .protocol import Series, in_float
 from .runs import both_outputs, region_sums, sharded_parts
+from .shipped import SHIPPED
 
-DETECTION = "quantflow.evaluation.detection:Detection"   # evaluation.metric = "detection"
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,8 @@ class Batch:
 
 
 def entry_of(metric: str) -> str:
-    """The ``module:callable`` of ``evaluation.metric``."""
-    return DETECTION if metric == "detection" else metric
+    """The ``module:callable`` of ``evaluation.metric`` (a shipped metric's by its name, ``shipped.SHIPPED``)."""
+    return SHIPPED.get(metric, metric)
 
 
 class TaskMetric:
