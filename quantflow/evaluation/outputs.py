@@ -51,7 +51,7 @@ def region_rows(stats: np.ndarray, regions: list, paths: list) -> list[dict]:
         rows.append({"output": r.output, "part": r.part, "where": r.where, "shape": list(r.shape), "cosine": cosine,
                      "sqnr_db": sqnr, "worst_image": str(paths[worst]), "worst_image_cosine": float(per_image[worst]),
                      "max_abs_diff": float(stats[:, k, 4].max()), "min_cosine": r.min_cosine,
-                     "min_sqnr_db": r.min_sqnr_db, "passed": passed})
+                     "min_sqnr_db": r.min_sqnr_db, "gate": r.gate, "passed": passed})
     return rows
 
 
@@ -74,6 +74,8 @@ def limit_text(row: dict) -> str:
     """A row's limits as the report states them (``-`` for a row shown only)."""
     limits = ([f"cosine >= {row['min_cosine']:g}"] if row.get("min_cosine") is not None else []) + (
         [f"SQNR >= {row['min_sqnr_db']:g} dB"] if row.get("min_sqnr_db") is not None else [])
+    if limits and row.get("gate") is False:
+        return ", ".join(limits) + " (reported, not gated)"
     return ", ".join(limits) or ("judged by its parts" if row.get("split") else "-")
 
 
