@@ -2,7 +2,7 @@
 images, and the gate ``quantflow init`` proposes for it (``recognise``).
 
 The tests, in order (``input_shape`` N, C, H, W; ``grid`` = the sum over strides 8, 16, 32 of (H/s)(W/s), the
-anchor points of a three-stride detector at the input size):
+anchor points of a three-stride detector at the input size; also strides 4..32 (-p2) and 8..64 (-p6)):
 
 - one output (N, classes): a **classifier** -> ``top1`` (init asks for per-class folders);
 - [N, 4 + classes, grid] (Ultralytics YOLOv8 / v11 detect) -> ``detection``, layout yolov8; with a second, 4-D
@@ -32,6 +32,7 @@ import numpy as np
 from .parts import propose_parts
 
 STRIDES = (8, 16, 32)
+STRIDE_SETS = (STRIDES, (4, 8, 16, 32), (8, 16, 32, 64))   # Ultralytics' P3-P5, -p2 and -p6 heads
 SOFTMAX_TOLERANCE = 1e-3    # |row sum - 1| of a float32 softmax over thousands of symbols
 RAW_OFFSET_CELLS = 8.0      # YOLOX's raw x, y offsets stay within a few grid cells; decoded ones are pixels
 SEGMENTATION_STRIDES = (1, 2, 4, 8)
@@ -55,25 +56,36 @@ def _shape(a) -> list[int]:
     return list(np.shape(a))
 
 
+def _strides(anchors: int, h: int, w: int, per_cell: int = 1) -> tuple[int, ...] | None:
+    """The stride set whose grid at ``h`` x ``w`` holds ``anchors`` (``per_cell`` anchors per cell), if any."""
+    return next((s for s in STRIDE_SETS if per_cell * grid(h, w, s) == anchors), None)
+
+
 def _yolo(outputs: list[tuple[str, np.ndarray]], n: int, h: int, w: int) -> Head | None:
-    g = grid(h, w)
     (name, first), rest = outputs[0], outputs[1:]
     s = _shape(first)
     shapes = [(k, _shape(v)) for k, v in outputs]
-    if len(s) == 3 and s[0] == n and s[2] == g and s[1] >= 5:
+    strides = _strides(s[2], h, w) if len(s) == 3 else None
+    g = grid(h, w, strides) if strides else 0
+    at = f"the anchor points of strides {', '.join(map(str, strides or ()))} at {w}x{h}"
+    if len(s) == 3 and s[0] == n and strides and s[1] >= 5:
         masks = _shape(rest[0][1])[1] if len(rest) == 1 and len(_shape(rest[0][1])) == 4 else None
         if not rest:
             return Head("detection", f"a YOLOv8/v11 detect head: {name} {s} = [images, 4 + {s[1] - 4} classes, "
-                                     f"{g} anchors], {g} = the anchor points of strides 8, 16, 32 at {w}x{h}",
+                                     f"{g} anchors], {g} = {at}",
                         {"layout": "yolov8"}, propose_parts(shapes))
         if masks is not None and s[1] - 4 - masks >= 1:
             return Head("outputs", f"a YOLOv8/v11-seg head: {name} {s} = [images, 4 + {s[1] - 4 - masks} classes + "
-                                   f"{masks} mask coefficients, {g} anchors] and {masks} mask prototypes "
+                                   f"{masks} mask coefficients, {g} = {at}] and {masks} mask prototypes "
                                    f"{rest[0][0]} {_shape(rest[0][1])}; the detection metric does not read masks, "
                                    f"so the outputs gate judges each part", parts=propose_parts(shapes))
         return None
-    if len(s) == 3 and s[0] == n and s[2] >= 6 and s[1] in (g, 3 * g) and not rest:
+    strides = _strides(s[1], h, w) or _strides(s[1], h, w, 3) if len(s) == 3 else None
+    g = grid(h, w, strides) if strides else 0
+    at = f"the anchor points of strides {', '.join(map(str, strides or ()))} at {w}x{h}"
+    if len(s) == 3 and s[0] == n and s[2] >= 6 and strides and not rest:
         box = np.asarray(first[..., :2], np.float64)
+        options = {} if strides == STRIDES else {"strides": list(strides)}
         if s[1] == 3 * g:
             kind, layout = f"a YOLOv5/v7 head: {name} {s} = [images, 3 x {g} anchors", "yolov5"
         elif np.abs(box).max() <= RAW_OFFSET_CELLS:
@@ -81,8 +93,8 @@ def _yolo(outputs: list[tuple[str, np.ndarray]], n: int, h: int, w: int) -> Head
                            f"anchors", "yolox"
         else:
             kind, layout = f"a decoded YOLOX head: {name} {s} = [images, {g} anchors", "yolov5"
-        return Head("detection", f"{kind}, 5 + {s[2] - 5} classes], {g} = the anchor points of strides 8, 16, 32 "
-                                 f"at {w}x{h}", {"layout": layout}, propose_parts(shapes))
+        return Head("detection", f"{kind}, 5 + {s[2] - 5} classes], {g} = {at}",
+                    {"layout": layout, **(options if layout == "yolox" else {})}, propose_parts(shapes))
     fives = [_shape(v) for _, v in outputs]
     if all(len(f) == 5 and f[0] == n and f[4] >= 6 for f in fives) and \
             sorted((f[2], f[3]) for f in fives) == sorted((-(-h // st), -(-w // st)) for st in STRIDES[:len(fives)]):
