@@ -36,6 +36,12 @@ def test_grid_is_the_anchor_points_of_the_strides():
     ({"output0": rng.uniform(0, 60, (1, 4 + 3, G + 2))}, "outputs", {}),          # not a grid: no head
     ({"output0": rng.uniform(0, 60, (1, 4 + 3 + 8, G)), "protos": rng.normal(size=(1, 8, 16, 16))}, "outputs", {}),
     ({"output0": rng.uniform(0, 60, (1, 3 * G, 5 + 2))}, "detection", {"layout": "yolov5"}),
+    ({"out": rng.uniform(0, 60, (1, 3 * G, 7)), **{f"raw{k}": rng.normal(size=(1, 3, H // s, W // s, 7))
+                                                   for k, s in enumerate((8, 16, 32))}},
+     "detection", {"layout": "yolov5"}),                                   # mindyolo's YOLOv5: decoded + raw heads
+    ({"out": rng.uniform(0, 60, (1, G, 4 + 3)), **{f"raw{k}": rng.normal(size=(1, 64 + 3, H // s, W // s))
+                                               for k, s in enumerate((8, 16, 32))}},
+     "outputs", {}),                                                       # mindyolo's YOLOv8: anchors first
     ({"output": rng.uniform(-1, 2, (1, G, 5 + 1))}, "detection", {"layout": "yolox"}),     # raw offsets
     ({"output": rng.uniform(0, 64, (1, G, 5 + 1))}, "detection", {"layout": "yolov5"}),    # decoded pixels
     ({"seq": _softmax(rng.normal(size=(1, 5, 12)))}, "ctc", {"layout": "ntc"}),            # [1, T, C], T < C
@@ -63,6 +69,10 @@ def test_recognise_gives_yolo_heads_their_parts():
                     (1, 3, H, W))
     assert seg.parts["scores"]["slice"] == "4:7" and seg.parts["masks"]["slice"] == "7:" and "-seg" in seg.what
     assert recognise({"seq": _softmax(rng.normal(size=(1, 40, 66)))}, (1, 3, 48, 320)).parts == {}
+    mindyolo = recognise({"out": rng.uniform(0, 60, (1, G, 4 + 3)), **{
+        f"raw{k}": rng.normal(size=(1, 64 + 3, H // s, W // s)) for k, s in enumerate((8, 16, 32))}}, (1, 3, H, W))
+    assert {k: (p["axis"], p["slice"]) for k, p in mindyolo.parts.items()} == {"boxes": (2, "0:4"),
+                                                                                "scores": (2, "4:")}
 
 
 # ------------------------------------------------------------------------------------------------ init on ONNX heads

@@ -8,9 +8,12 @@ anchor points of a three-stride detector at the input size; also strides 4..32 (
 - [N, 4 + classes, grid] (Ultralytics YOLOv8 / v11 detect) -> ``detection``, layout yolov8; with a second, 4-D
   output of k mask prototypes (-seg) the last k rows are mask coefficients, which the detection metric does not
   read: the outputs gate on the parts (boxes, scores, masks);
-- [N, 3 * grid, 5 + classes] (YOLOv5 / v7, decoded) -> ``detection``, layout yolov5; [N, grid, 5 + classes]
+- [N, 3 * grid, 5 + classes] (YOLOv5 / v7, decoded; alone, or before its raw per-stride heads as mindyolo's
+  YOLOv5 returns them) -> ``detection``, layout yolov5, on that output; [N, grid, 5 + classes]
   (YOLOX) -> ``detection``, layout yolox when the box columns are raw grid offsets (all within a few cells, as
   YOLOX's head before ``decode_outputs``) and yolov5 when they are decoded pixels;
+- [N, grid, 4 + classes] beside its raw maps [N, 4 x 16 + classes, H/s, W/s] (mindyolo's YOLOv8): anchors first,
+  a layout the detection metric does not read: the outputs gate on its parts (boxes, scores along axis 2);
 - one output per stride [N, 3, H/s, W/s, 5 + classes] (YOLOv5's raw heads): the outputs gate on their parts;
 - one 3-D output with the images' axis first or second whose rows over the last axis are a softmax (values in
   0..1 summing to 1), or any time-major one [T, N, symbols] (a CRNN's logits): a **CTC sequence** -> ``ctc``;
@@ -36,6 +39,7 @@ STRIDE_SETS = (STRIDES, (4, 8, 16, 32), (8, 16, 32, 64))   # Ultralytics' P3-P5,
 SOFTMAX_TOLERANCE = 1e-3    # |row sum - 1| of a float32 softmax over thousands of symbols
 RAW_OFFSET_CELLS = 8.0      # YOLOX's raw x, y offsets stay within a few grid cells; decoded ones are pixels
 SEGMENTATION_STRIDES = (1, 2, 4, 8)
+REG_MAX = 16                # YOLOv8's distribution-focal-loss bins per box side (the raw maps' 4 x 16 channels)
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,10 @@ def _yolo(outputs: list[tuple[str, np.ndarray]], n: int, h: int, w: int) -> Head
     strides = _strides(s[1], h, w) or _strides(s[1], h, w, 3) if len(s) == 3 else None
     g = grid(h, w, strides) if strides else 0
     at = f"the anchor points of strides {', '.join(map(str, strides or ()))} at {w}x{h}"
-    if len(s) == 3 and s[0] == n and s[2] >= 6 and strides and not rest:
+    raw = [_shape(v) for _, v in rest]
+    beside = all(len(r) == 5 and r[0] == n and r[4] == s[-1] for r in raw) and \
+        sorted((r[2], r[3]) for r in raw) == sorted((-(-h // st), -(-w // st)) for st in (strides or ())[:len(raw)])
+    if len(s) == 3 and s[0] == n and s[2] >= 6 and strides and (not rest or beside):
         box = np.asarray(first[..., :2], np.float64)
         options = {} if strides == STRIDES else {"strides": list(strides)}
         if s[1] == 3 * g:
@@ -93,8 +100,19 @@ def _yolo(outputs: list[tuple[str, np.ndarray]], n: int, h: int, w: int) -> Head
                            f"anchors", "yolox"
         else:
             kind, layout = f"a decoded YOLOX head: {name} {s} = [images, {g} anchors", "yolov5"
-        return Head("detection", f"{kind}, 5 + {s[2] - 5} classes], {g} = {at}",
-                    {"layout": layout, **(options if layout == "yolox" else {})}, propose_parts(shapes))
+        also = f", beside its raw per-stride heads {raw}" if rest else ""
+        return Head("detection", f"{kind}, 5 + {s[2] - 5} classes], {g} = {at}{also}",
+                    {"layout": layout, **(options if layout == "yolox" else {})}, propose_parts(shapes[:1]))
+    dfl = len(s) == 3 and s[0] == n and strides and s[1] == g and s[2] >= 5 and len(raw) == len(strides) and all(
+        len(r) == 4 and r[0] == n and r[1] == 4 * REG_MAX + s[2] - 4 for r in raw) and \
+        sorted((r[2], r[3]) for r in raw) == sorted((-(-h // st), -(-w // st)) for st in strides)
+    if dfl:   # anchors first: neither layout the detection metric reads
+        return Head("outputs", f"a YOLOv8 head as mindyolo returns it: {name} {s} = [images, {g} anchors, 4 + "
+                               f"{s[2] - 4} classes], {g} = {at}, beside its raw maps {raw} (4 x {REG_MAX} DFL + "
+                               f"classes); the detection metric reads no anchors-first YOLOv8 layout, so the outputs "
+                               f"gate judges each part",
+                    parts={"boxes": {"output": name, "axis": 2, "slice": "0:4", "what": "cx, cy, w, h (pixels)"},
+                           "scores": {"output": name, "axis": 2, "slice": "4:", "what": "class scores"}})
     fives = [_shape(v) for _, v in outputs]
     if all(len(f) == 5 and f[0] == n and f[4] >= 6 for f in fives) and \
             sorted((f[2], f[3]) for f in fives) == sorted((-(-h // st), -(-w // st)) for st in STRIDES[:len(fives)]):
