@@ -1,9 +1,10 @@
 """The shipped task metric for DB-style text detectors (``evaluation.metric = "text_regions"``: DBNet, PP-OCR det;
 ``task.py`` holds the task-metric protocol).
 
-Each image's probability map [1, H, W] (values in 0..1) is read into text boxes as PaddleOCR's ``DBPostProcess``
-does (ppocr/postprocess/db_postprocess.py; its defaults, also PP-OCRv4 det's inference settings: ``thresh`` 0.3,
-``box_thresh`` 0.6, ``max_candidates`` 1000, ``min_size`` 3): the map binarised at ``thresh``, each connected
+Each image's probability map [1, H, W] (values in 0..1) is read into text boxes as PaddleOCR's inference reads
+it (tools/infer/utility.py: ``det_db_thresh`` 0.3, ``det_db_box_thresh`` 0.6; ppocr/postprocess/db_postprocess.py
+``DBPostProcess``: ``max_candidates`` 1000, ``min_size`` 3 -- the class's own ``box_thresh`` default is 0.7,
+rapidocr-onnxruntime's 0.5): the map binarised at ``thresh``, each connected
 region (8-connected, cv2) a candidate, kept when its score -- the mean probability over the region -- is at least
 ``box_thresh`` and its box's shorter side at least ``min_size`` pixels.  The box is the region's axis-aligned
 bounding rectangle, not DBPostProcess' unclipped rotated one: FP32's and INT8's are compared with each other, so
