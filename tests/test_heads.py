@@ -141,3 +141,33 @@ def test_init_writes_the_recognised_heads_gate(tmp_path, model, metric, options,
         for kind in ("min", "max"):
             assert written.get(kind, {}) == {k: v for k, v in defaults[kind].items()
                                              if k not in ("accuracy_drop", "map50_drop")}
+
+
+# ------------------------------------------------------------------------------------------------ gate = false
+def test_a_part_with_gate_false_is_reported_never_failing():
+    """evaluation.parts.<name>.gate = false: the part's figures and limit are in the report, its failure fails
+    nothing; an output whose parts are all reported only is judged whole (the outputs gate still tests it)."""
+    from quantflow.config import OutputPart
+    from quantflow.evaluation.outputs import compare_outputs, limit_text
+    from quantflow.evaluation.parts import regions
+    from quantflow.evaluation.runs import region_sums
+
+    f = np.concatenate([rng.uniform(0, 320, (4, 4, 30)), rng.uniform(0, 1, (4, 3, 30))], 1)
+    q = f.copy()
+    q[:, 4:] = rng.uniform(0, 1, (4, 3, 30))                  # the scores lost
+    parts = {"boxes": OutputPart(axis=1, slice="0:4", gate=False), "scores": OutputPart(axis=1, slice="4:", gate=False)}
+    regs = regions(parts, [("out", (1, 7, 30))], 0.99)
+    assert [(r.label, r.gated) for r in regs] == [("out", True), ("boxes", False), ("scores", False)]
+    r = compare_outputs(region_sums({"out": f}, {"out": q}, regs, 4), regs, [f"img{i}" for i in range(4)], 0.99)
+    whole, boxes, scores = r["outputs"]
+    a, b = f[:, 4:].ravel(), q[:, 4:].ravel()
+    assert scores["cosine"] == pytest.approx(a @ b / np.sqrt((a @ a) * (b @ b))) and scores["cosine"] < 0.99
+    assert scores["passed"] is None and scores["min_cosine"] == 0.99 and "scores" not in r["failures"]
+    assert limit_text(scores) == "cosine >= 0.99 (reported, not gated)"
+    assert whole["passed"] is True and r["passed"]            # the boxes' pixels carry the whole output's cosine
+    # one part gated, one reported: the output is judged by the gated one
+    parts["scores"] = OutputPart(axis=1, slice="4:")
+    regs = regions(parts, [("out", (1, 7, 30))], 0.99)
+    assert [(r.label, r.gated) for r in regs] == [("out", False), ("boxes", False), ("scores", True)]
+    r = compare_outputs(region_sums({"out": f}, {"out": q}, regs, 4), regs, [f"img{i}" for i in range(4)], 0.99)
+    assert r["failures"] == ["scores"]

@@ -2,11 +2,14 @@
 
 What can be read off the files is filled in: the input name; the input shape, from the model file where it is
 fixed there, its dynamic height and width (and batch 1) from the calibration images (or ``--input-shape``); then
-the network runs once at that shape (onnxruntime on an ONNX file, the MindIR's own shapes, the ``--entry``
-network in MindSpore) and the gate is chosen from what it really returns: one (batch, classes) output gets the
-top-1 gate with that class count, anything else (a detector's heads, a sequence) the outputs gate on unlabelled
-image folders.  What only the user knows (the training normalization, the gate's limit) carries a default marked
-EDIT.  The written file always loads with ``load_config``; an existing file is never overwritten.
+the network runs at that shape on a few calibration images (onnxruntime on an ONNX file, the graph IR of a
+MindIR, the ``--entry`` network in MindSpore) and the gate is chosen from what it really returns
+(``evaluation.heads.recognise``, shapes and values): one (batch, classes) output gets the top-1 gate with that
+class count on per-class folders; a YOLO head, a CTC sequence, a text map or a segmentation map its task metric
+(with the metric's default limits written out, its YOLO parts reported, not gated) on unlabelled folders;
+anything else the outputs gate.  A comment says what was recognised and from what.  What only the user knows
+(the training normalization, the gate's limits) carries a default marked EDIT.  The written file always loads
+with ``load_config``; an existing file is never overwritten.
 """
 from __future__ import annotations
 
