@@ -119,6 +119,8 @@ def _evaluation_lines(head, classifier: bool) -> str:
         "# " + line for line in textwrap.wrap(f"quantflow init recognised {head.what}.", 114)) + "\n"
     if classifier:
         return said + EVALUATION_TOP1
+    if head is not None and head.metric == "top1":   # a classifier, but no per-class folders to read labels from
+        said += "# the calibration folder holds no per-class folders, so no top-1 gate: the outputs gate\n"
     if head is None or head.metric in ("top1", "outputs"):
         return said + EVALUATION_OUTPUTS
     from ..evaluation.task import TaskMetric
@@ -136,8 +138,8 @@ def _evaluation_lines(head, classifier: bool) -> str:
                        + f"# EDIT: {'least' if kind == 'min' else 'largest'} values allowed (the metric's defaults)\n")
     options = f"options = {_toml_table(head.options)}\n" if head.options else ""
     line = f'metric = "{head.metric}"'
-    return said + EVALUATION_TASK.format(metric=head.metric, pad=" " * max(1, 29 - len(line)),
-                                                 limits=limits, options=options).rstrip("\n")
+    return said + EVALUATION_TASK.format(metric=head.metric, pad=" " * max(1, 29 - len(line)), limits=limits,
+                                         options=options).rstrip("\n")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -37,7 +37,6 @@ from .runs import both_outputs, region_sums, sharded_parts
 from .shipped import SHIPPED
 
 
-
 @dataclass(frozen=True)
 class Batch:
     """One evaluation batch as a task metric sees it."""
