@@ -178,3 +178,46 @@ def test_shipped_names_and_config():
     assert entry_of("pkg.mod:fn") == "pkg.mod:fn"
     with pytest.raises(ConfigError, match="evaluation.options.blank"):
         config_from_dict(_config(metric="ctc", options={"blank": -1}))
+
+
+# ------------------------------------------------------------------------------------------------ a real sequence run
+def test_ctc_on_a_time_major_network_run_image_by_image(tmp_path):
+    """A CRNN [T, batch, classes] (tests/test_onnx_ops.py crnn_style) built at batch 1 and evaluated in batches of
+    4: the runner hands the metric each batch's outputs stacked as [n * T, 1, C], and the ctc metric reads one
+    record per image, each image's FP32 reading the one the graph gives on that image alone."""
+    import cv2
+    from test_onnx_ops import crnn_style
+
+    from quantflow import aipp_templates
+    from quantflow.backends.aipp import aipp_values, parse, render
+    from quantflow.data.images import load_images, preprocess
+    from quantflow.engine.runner import float_runner
+    from quantflow.evaluation.runs import held_out, whole_outputs
+    from quantflow.evaluation.shipped import per_image
+    from quantflow.evaluation.task import task_run
+    from quantflow.frontends.onnx_model import read_onnx
+    from quantflow.quantization.calibrater import calibrate
+    from quantflow.quantization.deploy import quantized_graph
+    from quantflow.quantization.passes import fold_for_quantization
+
+    rng = np.random.default_rng(0)
+    for i in range(5):
+        cv2.imwrite(str(tmp_path / f"{i}.png"), rng.integers(0, 256, (8, 40), dtype=np.uint8))
+    graph = read_onnx(crnn_style()[0], input_shape=[1, 1, 8, 40])
+    folded = fold_for_quantization(graph)
+    norm = ([0.5], [0.5], "0-1", "GRAY")
+    paths = sorted(tmp_path.glob("*.png"))
+    qp = calibrate(folded, [preprocess(load_images(paths, 1, 8, 40), *norm)], "minmax")
+    aipp = parse(render(aipp_templates.path("static_yuv400_u8.cfg"), aipp_values((1, 1, 8, 40), *norm, "GRAY")))
+    ev = held_out(tmp_path, None, False, tmp_path, shape=(1, 8, 40), normalization=norm, frame_order="GRAY",
+                  batch_size=4)
+    _, records = task_run(ev, graph, quantized_graph(folded, qp), aipp, whole_outputs(graph), "ctc", {})
+    records = per_image(records)
+    assert len(records) == 5
+    runner = float_runner(graph)
+    alone = [runner.run(preprocess(load_images([p], 1, 8, 40), *norm))[graph.outputs[0]] for p in ev.paths]
+    assert alone[0].shape[1] == 1 and alone[0].shape[0] > 1                  # [T, 1, C]
+    lengths = [len(ctc.greedy(a[:, 0])) for a in alone]
+    assert [r["length"] for r in records] == lengths and sum(lengths) > 5   # readings of a few symbols each
+    numbers = TaskMetric("ctc", {}).summarize(records)
+    assert numbers["images"] == 5 and 0 <= numbers["agreement"] <= 1
