@@ -198,7 +198,8 @@ class EvaluationSection(_Section):
         default="top1", description="top1: classification accuracy of INT8 against FP32 on labelled images; "
                                     "outputs: INT8 against FP32 on every network output (or each part of it), by "
                                     "cosine similarity; detection: YOLO-style detections of INT8 against FP32 (F1, "
-                                    "and mAP against YOLO label files); 'module:callable': your own task metric")
+                                    "and mAP against YOLO label files); ctc, text_regions, segmentation: the text read, "
+                                    "the text boxes, the pixel classes; 'module:callable': your own task metric")
     threshold: Optional[float] = Field(default=None, ge=0.0, le=1.0,
                                        description="top1: largest allowed top-1 accuracy drop (fraction, 0.01 = 1 point)")
     min_cosine: float = Field(default=0.99, gt=0.0, le=1.0,
@@ -245,7 +246,7 @@ class EvaluationSection(_Section):
 
     @property
     def task(self) -> bool:
-        """A task metric: ``detection`` or the user's own ``module:callable``."""
+        """A task metric: a shipped one (``evaluation.shipped.SHIPPED``) or the user's own ``module:callable``."""
         return self.metric not in ("top1", "outputs")
 
     @model_validator(mode="after")
@@ -261,8 +262,8 @@ class EvaluationSection(_Section):
         if not self.task:
             given = [k for k in ("min", "max", "options") if getattr(self, k)]
             if given:
-                raise ValueError(f"evaluation.{given[0]} belongs to a task metric (evaluation.metric = \"detection\" "
-                                 f"or \"module:callable\"), not to evaluation.metric = \"{self.metric}\"")
+                raise ValueError(f"evaluation.{given[0]} belongs to a task metric (evaluation.metric = \"detection\", "
+                                 f"\"ctc\", ... or \"module:callable\"), not to evaluation.metric = \"{self.metric}\"")
         if self.metric == "detection":
             from .evaluation.detection import check_options
             check_options(dict(self.options))
