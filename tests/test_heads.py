@@ -171,3 +171,17 @@ def test_a_part_with_gate_false_is_reported_never_failing():
     assert [(r.label, r.gated) for r in regs] == [("out", False), ("boxes", False), ("scores", True)]
     r = compare_outputs(region_sums({"out": f}, {"out": q}, regs, 4), regs, [f"img{i}" for i in range(4)], 0.99)
     assert r["failures"] == ["scores"]
+
+
+def test_the_report_of_reported_parts_says_so():
+    """The text report: a part with gate = false shows its limit as reported, and its output is not said to be
+    judged by its parts."""
+    from quantflow.evaluation.outputs import rows_text
+
+    row = {"output": "out", "part": None, "where": "", "shape": [1, 7, 30], "cosine": 0.999, "sqnr_db": 30.0,
+           "worst_image": "a.png", "worst_image_cosine": 0.99, "max_abs_diff": 0.1, "min_cosine": None,
+           "min_sqnr_db": None, "gate": True, "passed": None}
+    part = dict(row, part="scores", where="[:, 4:7]", shape=[1, 3, 30], cosine=0.95, min_cosine=0.99, gate=False)
+    text = "\n".join(rows_text([row, part]))
+    assert "cosine >= 0.99 (reported, not gated)" in text and "judged by its parts" not in text and "FAIL" not in text
+    assert "judged by its parts" in "\n".join(rows_text([row, dict(part, gate=True, passed=False)]))

@@ -80,8 +80,9 @@ def limit_text(row: dict) -> str:
 
 
 def mark_split(rows: list[dict]) -> list[dict]:
-    """``rows`` with each whole output that has parts marked ``split`` (the report says it is judged by them)."""
-    split = {r["output"] for r in rows if r["part"]}
+    """``rows`` with each whole output that has gated parts marked ``split`` (the report says it is judged by
+    them)."""
+    split = {r["output"] for r in rows if r["part"] and r.get("gate", True)}
     return [dict(r, split=r["part"] is None and r["output"] in split) for r in rows]
 
 
@@ -91,13 +92,14 @@ def rows_text(rows: list[dict]) -> list[str]:
     shapes = [f"{o['where']} {o['shape']}" if o["part"] else str(o["shape"]) for o in rows]
     width = max([len(label(r)) + (2 if r["part"] else 0) for r in rows] + [13])
     wide = max([len(s) for s in shapes] + [5])
+    lim = max([len(limit_text(o)) for o in rows] + [22])
     lines = [f"  {'output / part':<{width}} {'shape':<{wide}} {'cosine':>9} {'SQNR dB':>8} {'max |diff|':>10}  "
-             f"{'limit':<22} worst image (cosine)"]
+             f"{'limit':<{lim}} worst image (cosine)"]
     for o, shape in zip(rows, shapes):
         name = ("  " + o["part"]) if o["part"] else o["output"]
         verdict = "" if o["passed"] is None else ("" if o["passed"] else "  FAIL")
         lines.append(f"  {name:<{width}} {shape:<{wide}} {o['cosine']:>9.5f} {o['sqnr_db']:>8.1f} "
-                     f"{o['max_abs_diff']:>10.4g}  {limit_text(o):<22} {o['worst_image']} "
+                     f"{o['max_abs_diff']:>10.4g}  {limit_text(o):<{lim}} {o['worst_image']} "
                      f"({o['worst_image_cosine']:.5f}){verdict}")
     return lines
 
