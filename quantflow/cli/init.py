@@ -128,11 +128,11 @@ def _evaluation_lines(head, classifier: bool) -> str:
     metric = TaskMetric(head.metric, head.options)
     try:
         returned = set(metric.summarize([]))    # the numbers it returns with no image: those not needing labels
-    except Exception:  # a metric that cannot summarize nothing: every default limit written
-        returned = None
+    except Exception:  # a metric that cannot summarize nothing: no limit written, its defaults apply unseen
+        returned = set()
     limits = ""
     for kind in ("min", "max"):
-        shown = {k: v for k, v in metric.defaults[kind].items() if returned is None or k in returned}
+        shown = {k: v for k, v in metric.defaults[kind].items() if k in returned}
         if shown:
             limits += (f"{kind} = {_toml_table(shown)}".ljust(40)
                        + f"# EDIT: {'least' if kind == 'min' else 'largest'} values allowed (the metric's defaults)\n")
