@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from . import aipp_templates
 from .backends.atc import check_atc_args, check_precision_mode
 from .engine.aipp import MAX_IMAGE_SIZE, MAX_PADDING, STANDARDS, SUPPORTED_FORMATS
-from .errors import ConfigError
+from .errors import ConfigError, QuantflowError
 from .quantization.ranges import METHODS
 
 DEFAULT_CONFIG_NAME = "quantflow.toml"
@@ -170,6 +170,7 @@ class OutputPart(_Section):
     min_cosine: Optional[float] = Field(default=None, gt=0.0, le=1.0,
                                         description="its least cosine of INT8 to FP32 (default evaluation.min_cosine)")
     min_sqnr_db: Optional[float] = Field(default=None, description="its least SQNR of INT8 to FP32 (dB), if any")
+    gate: bool = Field(default=True, description="false: a diagnostic, its figures reported, never failing the build")
 
     @field_validator("axis")
     @classmethod
@@ -186,7 +187,9 @@ class OutputPart(_Section):
         return v
 
 
-BUILTIN_METRICS = ("top1", "outputs", "detection")
+def _builtin_metrics() -> tuple[str, ...]:
+    from .evaluation.shipped import SHIPPED
+    return ("top1", "outputs", *SHIPPED)
 
 
 class EvaluationSection(_Section):
@@ -196,7 +199,8 @@ class EvaluationSection(_Section):
         default="top1", description="top1: classification accuracy of INT8 against FP32 on labelled images; "
                                     "outputs: INT8 against FP32 on every network output (or each part of it), by "
                                     "cosine similarity; detection: YOLO-style detections of INT8 against FP32 (F1, "
-                                    "and mAP against YOLO label files); 'module:callable': your own task metric")
+                                    "and mAP against YOLO label files); ctc, text_regions, segmentation: the text read, "
+                                    "the text boxes, the pixel classes; 'module:callable': your own task metric")
     threshold: Optional[float] = Field(default=None, ge=0.0, le=1.0,
                                        description="top1: largest allowed top-1 accuracy drop (fraction, 0.01 = 1 point)")
     min_cosine: float = Field(default=0.99, gt=0.0, le=1.0,
@@ -237,11 +241,12 @@ class EvaluationSection(_Section):
     @field_validator("metric")
     @classmethod
     def _metric_name(cls, v):
-        if v in BUILTIN_METRICS:
+        names = _builtin_metrics()
+        if v in names:
             return v
         if ":" not in v:
-            raise ValueError(f'must be "top1", "outputs", "detection" or "module:callable" (your own task metric), '
-                             f"got {v!r}")
+            said = ", ".join(f'"{n}"' for n in names)
+            raise ValueError(f'must be {said} or "module:callable" (your own task metric), got {v!r}')
         return _check_entry(v)
 
     @field_validator("parts")
@@ -254,7 +259,7 @@ class EvaluationSection(_Section):
 
     @property
     def task(self) -> bool:
-        """A task metric: ``detection`` or the user's own ``module:callable``."""
+        """A task metric: a shipped one (``evaluation.shipped.SHIPPED``) or the user's own ``module:callable``."""
         return self.metric not in ("top1", "outputs")
 
     @model_validator(mode="after")
@@ -270,11 +275,20 @@ class EvaluationSection(_Section):
         if not self.task:
             given = [k for k in ("min", "max", "options") if getattr(self, k)]
             if given:
-                raise ValueError(f"evaluation.{given[0]} belongs to a task metric (evaluation.metric = \"detection\" "
-                                 f"or \"module:callable\"), not to evaluation.metric = \"{self.metric}\"")
+                raise ValueError(f"evaluation.{given[0]} belongs to a task metric (evaluation.metric = \"detection\", "
+                                 f"\"ctc\", ... or \"module:callable\"), not to evaluation.metric = \"{self.metric}\"")
         if self.metric == "detection":
             from .evaluation.detection import check_options
             check_options(dict(self.options))
+        elif self.task and self.metric in _builtin_metrics():   # shipped: its options checked as it takes them
+            import importlib
+
+            from .evaluation.shipped import SHIPPED
+            module, _, name = SHIPPED[self.metric].partition(":")
+            try:
+                getattr(importlib.import_module(module), name)(**dict(self.options))
+            except (TypeError, ValueError, QuantflowError) as err:
+                raise ValueError(f"evaluation.options: {err}") from None
         elif self.task and not (self.min or self.max):
             raise ValueError(f"evaluation.min / evaluation.max: give the limits of the numbers {self.metric} returns, "
                              f"e.g. min = {{ accuracy = 0.99 }}; without one the gate would test nothing")

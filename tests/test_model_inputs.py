@@ -70,16 +70,17 @@ def init(tmp_path: Path, *args: str) -> dict:
     return tomllib.loads(out.read_text())
 
 
-def test_init_sizes_a_dynamic_input_from_the_images_and_gates_a_sequence_on_its_outputs(tmp_path):
+def test_init_sizes_a_dynamic_input_from_the_images_and_gates_a_sequence_by_ctc(tmp_path):
     """A CRNN exported with a dynamic batch and width and a stale declared output [1, seqlen]: the width comes from
-    the 8 x 40 calibration images, and the run at that size returns (20, 1, 12), a sequence: the outputs gate."""
+    the 8 x 40 calibration images, and the run at that size returns (20, 1, 12), a time-major sequence: ctc."""
     onnx.save(crnn_style()[0], tmp_path / "crnn.onnx")
     write_images(tmp_path / "calib", 6, 8, 40, gray=True)
     write_images(tmp_path / "eval", 4, 8, 40, gray=True)
     c = init(tmp_path, "--onnx", str(tmp_path / "crnn.onnx"), "--calib", str(tmp_path / "calib"),
              "--eval", str(tmp_path / "eval"))
     assert c["model"]["input_shape"] == [1, 1, 8, 40] and "num_classes" not in c["model"]
-    assert c["evaluation"]["metric"] == "outputs" and c["calibration"]["count"] == 6
+    assert c["evaluation"]["metric"] == "ctc" and c["evaluation"]["options"] == {"layout": "tnc"}
+    assert c["calibration"]["count"] == 6
     assert c["aipp"]["template"] == "static_yuv400_u8.cfg"
     text = (tmp_path / "quantflow.toml").read_text()
     assert "output [[20, 1, 12]]" in text and "dynamic height / width set from the calibration images" in text
@@ -144,9 +145,10 @@ def test_init_refuses_an_already_quantized_model(tmp_path, capsys):
     assert "is already quantized" in err and "the float (FP32) model" in err and not (tmp_path / "q.toml").exists()
 
 
-def test_init_proposes_the_parts_of_a_yolo_head(tmp_path):
-    """An Ultralytics-style output [1, 4 + classes, anchors]: init proposes boxes 0:4 and scores 4: along axis 1,
-    each gated on its own, and the config it writes loads with them (issue 22)."""
+def test_init_gives_an_output_that_is_no_three_stride_head_the_outputs_gate_without_parts(tmp_path):
+    """The support detector's [1, 4 + classes, 64]: one stride-4 grid, not the anchors of YOLOv8's strides 8, 16,
+    32 at 32 x 32 (21), so no YOLO parts are proposed (the loose shape test did: tests/test_heads.py has the
+    recognised heads)."""
     from support import yolo_onnx
 
     onnx.save(yolo_onnx.detector(), tmp_path / "det.onnx")
@@ -154,8 +156,4 @@ def test_init_proposes_the_parts_of_a_yolo_head(tmp_path):
     write_images(tmp_path / "eval", 4, yolo_onnx.SIZE, yolo_onnx.SIZE)
     c = init(tmp_path, "--onnx", str(tmp_path / "det.onnx"), "--calib", str(tmp_path / "calib"),
              "--eval", str(tmp_path / "eval"))
-    assert c["evaluation"]["metric"] == "outputs"
-    parts = c["evaluation"]["parts"]
-    assert {k: (v["output"], v["axis"], v["slice"]) for k, v in parts.items()} == {
-        "boxes": (yolo_onnx.OUTPUT, 1, "0:4"), "scores": (yolo_onnx.OUTPUT, 1, "4:")}
-    assert load_config(tmp_path / "quantflow.toml").evaluation.parts["scores"].slice == "4:"
+    assert c["evaluation"]["metric"] == "outputs" and "parts" not in c["evaluation"]

@@ -239,7 +239,7 @@ def _config(**evaluation) -> dict:
 
 
 @pytest.mark.parametrize("evaluation,says", [
-    ({"metric": "map"}, r'evaluation.metric: .*must be "top1", "outputs", "detection" or "module:callable"'),
+    ({"metric": "map"}, r'evaluation.metric: .*must be "top1", "outputs", "detection", .*"segmentation" or "module:callable"'),
     ({"metric": "mod:"}, r"evaluation.metric: .*must look like 'package.module:callable'"),
     ({"metric": "outputs", "min": {"f1": 0.9}}, r"evaluation.min belongs to a task metric"),
     ({"metric": "outputs", "options": {"a": 1}}, r"evaluation.options belongs to a task metric"),

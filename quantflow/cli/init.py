@@ -2,23 +2,27 @@
 
 What can be read off the files is filled in: the input name; the input shape, from the model file where it is
 fixed there, its dynamic height and width (and batch 1) from the calibration images (or ``--input-shape``); then
-the network runs once at that shape (onnxruntime on an ONNX file, the MindIR's own shapes, the ``--entry``
-network in MindSpore) and the gate is chosen from what it really returns: one (batch, classes) output gets the
-top-1 gate with that class count, anything else (a detector's heads, a sequence) the outputs gate on unlabelled
-image folders.  What only the user knows (the training normalization, the gate's limit) carries a default marked
-EDIT.  The written file always loads with ``load_config``; an existing file is never overwritten.
+the network runs at that shape on a few calibration images (onnxruntime on an ONNX file, the graph IR of a
+MindIR, the ``--entry`` network in MindSpore) and the gate is chosen from what it really returns
+(``evaluation.heads.recognise``, shapes and values): one (batch, classes) output gets the top-1 gate with that
+class count on per-class folders; a YOLO head, a CTC sequence, a text map or a segmentation map its task metric
+(with the metric's default limits written out, its YOLO parts reported, not gated) on unlabelled folders;
+anything else the outputs gate.  A comment says what was recognised and from what.  What only the user knows
+(the training normalization, the gate's limits) carries a default marked EDIT.  The written file always loads
+with ``load_config``; an existing file is never overwritten.
 """
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import re
 from pathlib import Path
 from types import SimpleNamespace
 
 from ..config import DEFAULT_CONFIG_NAME, load_config
 from ..errors import ConfigError, DataError
-from ..evaluation.parts import parts_toml, propose_parts
+from ..evaluation.parts import parts_toml
 
 TEMPLATE = """# quantflow configuration (written by `quantflow init`). Paths are relative to this file.
 # Every key: README.md, "Configuration". Lines marked EDIT hold defaults only you can check.
@@ -80,6 +84,62 @@ threshold = 0.01             # EDIT: largest allowed top-1 drop of INT8 against 
 EVALUATION_OUTPUTS = """metric = "outputs"           # INT8 against FP32 on every output (the model is not one classification output)
 data_dir = "{eval}"       # held-out images, directly in it or in sub-folders (no labels)
 min_cosine = 0.99            # EDIT: least cosine similarity of INT8 to FP32 allowed on any output"""
+
+
+EVALUATION_TASK = """metric = "{metric}"{pad}# the task metric of the head recognised above
+data_dir = "{{eval}}"       # held-out images, directly in it or in sub-folders (INT8 is compared with FP32: no labels)
+{limits}{options}"""
+
+
+def _head(runs: list[list], names: list[str] | None, shape: list[int], images: int):
+    """``heads.recognise`` on every run (each a batch of calibration images): the head all of them show, or the
+    outputs gate when they disagree (a value test that holds on some images only)."""
+    from ..evaluation.heads import Head, recognise
+
+    names = names or [f"output{k}" for k in range(len(runs[0]))]
+    found = [recognise(dict(zip(names, outs)), shape) for outs in runs]
+    if any(f.metric != found[0].metric or f.options != found[0].options for f in found):
+        seen = "; ".join(dict.fromkeys(f.what for f in found))
+        return Head("outputs", f"no one head on every calibration image ({seen})")
+    on = f"on {images} calibration image{'s' if images != 1 else ''}" if images else "on an all-zero input"
+    return Head(found[0].metric, f"{found[0].what} ({on})", found[0].options, found[0].parts)
+
+
+def _toml_table(d: dict) -> str:
+    return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in d.items()) + " }"
+
+
+def _evaluation_lines(head, classifier: bool) -> str:
+    """The [evaluation] lines of the recognised head (None: not run; ``classifier``: the top-1 gate on per-class
+    folders): the comment saying what was recognised and from what, the metric with its default limits written
+    out (those on numbers it returns without labels), its options."""
+    import textwrap
+
+    said = "" if head is None else "\n".join(
+        "# " + line for line in textwrap.wrap(f"quantflow init recognised {head.what}.", 114)) + "\n"
+    if classifier:
+        return said + EVALUATION_TOP1
+    if head is not None and head.metric == "top1":   # a classifier, but no per-class folders to read labels from
+        said += "# the calibration folder holds no per-class folders, so no top-1 gate: the outputs gate\n"
+    if head is None or head.metric in ("top1", "outputs"):
+        return said + EVALUATION_OUTPUTS
+    from ..evaluation.task import TaskMetric
+
+    metric = TaskMetric(head.metric, head.options)
+    try:
+        returned = set(metric.summarize([]))    # the numbers it returns with no image: those not needing labels
+    except Exception:  # a metric that cannot summarize nothing: no limit written, its defaults apply unseen
+        returned = set()
+    limits = ""
+    for kind in ("min", "max"):
+        shown = {k: v for k, v in metric.defaults[kind].items() if k in returned}
+        if shown:
+            limits += (f"{kind} = {_toml_table(shown)}".ljust(40)
+                       + f"# EDIT: {'least' if kind == 'min' else 'largest'} values allowed (the metric's defaults)\n")
+    options = f"options = {_toml_table(head.options)}\n" if head.options else ""
+    line = f'metric = "{head.metric}"'
+    return said + EVALUATION_TASK.format(metric=head.metric, pad=" " * max(1, 29 - len(line)), limits=limits,
+                                         options=options).rstrip("\n")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -189,11 +249,44 @@ def _input_shape(a, declared: list | None, images) -> tuple[list[int], str]:
     return dims, note
 
 
-def _run_outputs(a, shape: list[int], classes: int | None) -> tuple[list[list[int]] | None, str]:
-    """The output shapes of one run of the network at ``shape`` (None and the reason when it cannot run here)."""
+RUN_IMAGES = 4   # calibration images the network is run on to recognise its head (shapes and values)
+
+
+def _probe_inputs(a, shape: list[int]) -> tuple[list, int]:
+    """Up to ``RUN_IMAGES`` batches of calibration images at ``shape`` (the template's default normalization:
+    what the head's values are read on does not depend on it), and how many images they hold; one batch of
+    zeros when none is readable at that size."""
+    import numpy as np
+
+    from ..data.images import check_image, preprocess, scan_image_groups
+    images = []
     try:
+        items = scan_image_groups(a.calib)
+    except DataError:
+        items = []
+    for it in items[:8 * RUN_IMAGES]:
+        img, _ = check_image(it.path, shape[1], shape[2], shape[3])
+        if img is not None:
+            images.append(img)
+        if len(images) == RUN_IMAGES:
+            break
+    n = shape[0]
+    batches = [np.stack(images[s:s + n]) for s in range(0, len(images) - n + 1, n)]
+    if not batches:
+        return [np.zeros(shape, np.float32)], 0
+    norm = ([0.5], [0.5], "0-1", "GRAY") if shape[1] == 1 else ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225],
+                                                                 "0-1", "RGB")
+    return [preprocess(b, *norm) for b in batches], n * len(batches)
+
+
+def _run_outputs(a, shape: list[int], classes: int | None) -> tuple[list[list] | None, int, str]:
+    """The outputs of the network (one list of arrays per run) on a few calibration images at ``shape``, how many
+    images they were, or (None, 0, the reason) when it cannot run here."""
+    try:
+        import numpy as np
+
+        batches, images = _probe_inputs(a, shape)
         if a.onnx is not None:
-            import numpy as np
             import onnxruntime as ort
 
             opts = ort.SessionOptions()
@@ -202,15 +295,19 @@ def _run_outputs(a, shape: list[int], classes: int | None) -> tuple[list[list[in
             inp = sess.get_inputs()[0]
             dtype = {"tensor(float16)": np.float16, "tensor(double)": np.float64, "tensor(uint8)": np.uint8}.get(
                 inp.type, np.float32)
-            outs = sess.run(None, {inp.name: np.zeros(shape, dtype)})
-            return [list(o.shape) for o in outs], ""
+            return [sess.run(None, {inp.name: x.astype(dtype)}) for x in batches], images, ""
         if a.mindir is not None:
             g = _mindir_graph(a.mindir)
-            return [list(g.shape(o)) for o in g.outputs], ""
-        return _entry_outputs(a, shape, classes), ""
+            try:
+                from ..engine.runner import float_runner
+                runner = float_runner(g)
+                return [[runner.run(x)[o] for o in g.outputs] for x in batches], images, ""
+            except Exception:  # the IR cannot run it here: its shapes only (zeros: no value test will hold)
+                return [[np.zeros(g.shape(o), np.float32) for o in g.outputs]], 0, ""
+        return [_entry_outputs(a, x, classes) for x in batches], images, ""
     except Exception as err:  # whatever the runtime or the user's network raises: init still writes a config
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        return None, first
+        return None, 0, first
 
 
 def _output_names(a) -> list[str] | None:
@@ -224,8 +321,7 @@ def _output_names(a) -> list[str] | None:
     return None
 
 
-def _entry_outputs(a, shape: list[int], classes: int | None) -> list[list[int]]:
-    import numpy as np
+def _entry_outputs(a, x, classes: int | None) -> list:
     import mindspore as ms
 
     from ..frontends.network import build_network
@@ -234,8 +330,8 @@ def _entry_outputs(a, shape: list[int], classes: int | None) -> list[list[int]]:
     model = SimpleNamespace(entry=a.entry, num_classes=classes or 1000, checkpoint=a.checkpoint)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     net = build_network(SimpleNamespace(model=model, path=lambda p: base / p))
-    y = net(ms.Tensor(np.zeros(shape, np.float32)))
-    return [list(o.shape) for o in (y if isinstance(y, (tuple, list)) else [y])]
+    y = net(ms.Tensor(x))
+    return [o.asnumpy() for o in (y if isinstance(y, (tuple, list)) else [y])]
 
 
 def _image_count(folder: Path, labelled: bool) -> int | None:
@@ -274,14 +370,18 @@ def write_config(a) -> Path:
     declared, name = _declared_input(a)
     shape, shape_note = _input_shape(a, declared, _image_shape(a.calib))
     folders = _class_count(a.calib)
-    outs, why = _run_outputs(a, shape, folders)
+    runs, images, why = _run_outputs(a, shape, folders)
     flat = folders is None and a.calib.is_dir()   # images directly in the folder: no labels for a top-1 gate
-    if outs is not None:
-        classifier = len(outs) == 1 and len(outs[0]) == 2 and outs[0][0] == shape[0] and not flat
+    head = None
+    if runs is not None:
+        outs = [list(o.shape) for o in runs[0]]
+        names = _output_names(a)
+        head = _head(runs, names if names and len(names) == len(outs) else None, shape, images)
+        classifier = head.metric == "top1" and not flat
         classes = outs[0][-1] if classifier else None
         run_note = f"# the network ran at this shape: output{'s' if len(outs) > 1 else ''} {outs}"
     else:  # it cannot run here (an entry's package not importable yet, ...): a classifier of the folders' classes
-        classifier, classes = True, folders
+        classifier, classes, outs = True, folders, None
         run_note = f"# EDIT: the network could not be run here to read its outputs ({why})"
     if a.onnx is not None:
         source = f'onnx = "{_rel(a.onnx, base)}"'
@@ -292,19 +392,19 @@ def write_config(a) -> Path:
     found = _image_count(a.calib, classifier)
     count = min(max(200, classes or 0), found or 10 ** 9)
     per_class_min = 1 if not classifier or count >= (classes or 1000) else 0
-    evaluation = EVALUATION_TOP1 if classifier else EVALUATION_OUTPUTS
+    evaluation = _evaluation_lines(head, classifier)
     text = TEMPLATE.format(
         source=source + "\n" + run_note, input_shape=shape, shape_note=shape_note, input_name=name or "x",
         classes_line=(f"num_classes = {classes or 1000}" + ("" if classes else "   # EDIT: the model's output width"))
-        if classifier else f"# num_classes: not needed, the outputs {outs} are gated by evaluation.metric = \"outputs\"",
+        if classifier else f"# num_classes: not needed, the outputs {outs} are gated by evaluation.metric = "
+                           f"\"{head.metric if head and head.metric != 'top1' else 'outputs'}\"",
         calib_note="per-class sub-folders of real images (e.g. {}/cat/*.jpg)".format(_rel(a.calib, base)) if classifier
         else "real images, directly in it or in sub-folders (sampled as groups, e.g. one per camera)",
-        evaluation_lines=evaluation.format(eval=_rel(a.eval, base)),
+        evaluation_lines=evaluation.replace("{eval}", _rel(a.eval, base)),
         calib=_rel(a.calib, base), count=count, count_note=f"; all {found} found there" if count == found else "",
         template="static_yuv400_u8.cfg" if shape[1] == 1 else "static_rgb888_u8.cfg",
         frame_order="GRAY" if shape[1] == 1 else "BGR")
-    names = _output_names(a) if outs is not None and not classifier else None
-    parts = parts_toml(propose_parts(list(zip(names, outs)))) if names and len(names) == len(outs) else ""
+    parts = parts_toml(head.parts, gate=head.metric == "outputs") if head and head.parts and not classifier else ""
     if parts:   # after the [evaluation] keys: it opens the [evaluation.parts] table
         text = text.replace("# batch_size = 64\n", f"# batch_size = 64\n\n{parts}\n", 1)
     if per_class_min == 0:

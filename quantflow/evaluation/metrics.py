@@ -4,8 +4,9 @@
   folders (and top-5 beside it with 100 classes or more);
 - ``outputs`` (``outputs.py``, detectors and other heads): the INT8 emulation against FP32 on every network
   output, or on each part of it ``evaluation.parts`` names;
-- a task metric (``task.py``): ``"detection"`` (``detection.py``, YOLO-style heads: detections matched, F1, mAP
-  against labels) or the user's own ``"module:callable"``, gated on the numbers it returns.
+- a task metric (``task.py``): a shipped one by name (``shipped.SHIPPED``: ``"detection"``, ``"ctc"``,
+  ``"text_regions"``, ``"segmentation"``) or the user's own ``"module:callable"``, gated on the numbers it
+  returns.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in (Top1(), Outputs(), Task())}
 
 
 def metric(which) -> Metric:
-    """The metric of ``evaluation.metric`` (a task metric for ``"detection"`` or ``"module:callable"``), or that
+    """The metric of ``evaluation.metric`` (a task metric for a shipped name or ``"module:callable"``), or that
     of an accuracy report (reports written before the metric was recorded are top-1)."""
     name = which if isinstance(which, str) else which.get("metric", "top1")
     return METRICS.get(name) or METRICS["task"]

@@ -54,7 +54,7 @@ def region_rows(stats: np.ndarray, regions: list, paths: list) -> list[dict]:
         rows.append({"output": r.output, "part": r.part, "where": r.where, "shape": list(r.shape), "cosine": cosine,
                      "sqnr_db": sqnr, "worst_image": str(paths[worst]), "worst_image_cosine": float(per_image[worst]),
                      "max_abs_diff": float(stats[:, k, 4].max()), "min_cosine": r.min_cosine,
-                     "min_sqnr_db": r.min_sqnr_db, "passed": passed})
+                     "min_sqnr_db": r.min_sqnr_db, "gate": r.gate, "passed": passed})
     return rows
 
 
@@ -87,12 +87,15 @@ def limit_text(row: dict) -> str:
     """A row's limits as the report states them (``-`` for a row shown only)."""
     limits = ([f"cosine >= {row['min_cosine']:g}"] if row.get("min_cosine") is not None else []) + (
         [f"SQNR >= {row['min_sqnr_db']:g} dB"] if row.get("min_sqnr_db") is not None else [])
+    if limits and row.get("gate") is False:
+        return ", ".join(limits) + " (reported, not gated)"
     return ", ".join(limits) or ("judged by its parts" if row.get("split") else "-")
 
 
 def mark_split(rows: list[dict]) -> list[dict]:
-    """``rows`` with each whole output that has parts marked ``split`` (the report says it is judged by them)."""
-    split = {r["output"] for r in rows if r["part"]}
+    """``rows`` with each whole output that has gated parts marked ``split`` (the report says it is judged by
+    them)."""
+    split = {r["output"] for r in rows if r["part"] and r.get("gate", True)}
     return [dict(r, split=r["part"] is None and r["output"] in split) for r in rows]
 
 
@@ -102,14 +105,15 @@ def rows_text(rows: list[dict]) -> list[str]:
     shapes = [f"{o['where']} {o['shape']}" if o["part"] else str(o["shape"]) for o in rows]
     width = max([len(label(r)) + (2 if r["part"] else 0) for r in rows] + [13])
     wide = max([len(s) for s in shapes] + [5])
+    lim = max([len(limit_text(o)) for o in rows] + [22])
     lines = [f"  {'output / part':<{width}} {'shape':<{wide}} {'cosine':>9} {'interval':<19} {'SQNR dB':>8} "
-             f"{'interval':<13} {'max |diff|':>10}  {'limit':<22} {'verdict':<9} worst image (cosine)"]
+             f"{'interval':<13} {'max |diff|':>10}  {'limit':<{lim}} {'verdict':<9} worst image (cosine)"]
     for o, shape in zip(rows, shapes):
         name = ("  " + o["part"]) if o["part"] else o["output"]
         verdict = "" if o["passed"] is None else o.get("verdict", "PASS" if o["passed"] else "FAIL")
         lines.append(f"  {name:<{width}} {shape:<{wide}} {o['cosine']:>9.5f} {span(o, 'cosine', 5):<19} "
                      f"{o['sqnr_db']:>8.1f} {span(o, 'sqnr_db', 1):<13} {o['max_abs_diff']:>10.4g}  "
-                     f"{limit_text(o):<22} {verdict:<9} {o['worst_image']} ({o['worst_image_cosine']:.5f})")
+                     f"{limit_text(o):<{lim}} {verdict:<9} {o['worst_image']} ({o['worst_image_cosine']:.5f})")
     return lines
 
 

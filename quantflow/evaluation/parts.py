@@ -50,10 +50,11 @@ class Region:
     part: str | None = None       # the part's name (evaluation.parts), None for a whole output
     min_cosine: float | None = None   # the gate's limits; None: shown, not gated
     min_sqnr_db: float | None = None
+    gate: bool = True             # False (evaluation.parts.<name>.gate): its limits reported, never failing
 
     @property
     def gated(self) -> bool:
-        return self.min_cosine is not None or self.min_sqnr_db is not None
+        return self.gate and (self.min_cosine is not None or self.min_sqnr_db is not None)
 
     @property
     def where(self) -> str:
@@ -79,8 +80,8 @@ def regions(parts: dict, outputs: list[tuple[str, tuple]], whole_min_cosine: flo
     """Every network output (``outputs``: (name, shape) in order) as a whole region, gated at
     ``whole_min_cosine`` unless it is None or the output is split into parts, followed by the parts of it
     ``parts`` names (``evaluation.parts``: name -> part settings), each gated at its own ``min_cosine`` /
-    ``min_sqnr_db`` (with neither: at ``min_cosine``).  A part that does not fit the network is a ConfigError
-    naming its field."""
+    ``min_sqnr_db`` (with neither: at ``min_cosine``), or with ``gate = false`` reported only.  A part that
+    does not fit the network is a ConfigError naming its field."""
     shapes = dict(outputs)
     names = ", ".join(f"{n} {list(s)}" for n, s in outputs)
     resolved: list[Region] = []
@@ -105,8 +106,8 @@ def regions(parts: dict, outputs: list[tuple[str, tuple]], whole_min_cosine: flo
                               f"{list(shape)} (size {shape[axis]})")
         part_shape = shape[:axis] + (hi - lo,) + shape[axis + 1:]
         limit = p.min_cosine if p.min_cosine is not None else (min_cosine if p.min_sqnr_db is None else None)
-        resolved.append(Region(name, output, part_shape, axis, lo, hi, name, limit, p.min_sqnr_db))
-    split = {r.output for r in resolved}
+        resolved.append(Region(name, output, part_shape, axis, lo, hi, name, limit, p.min_sqnr_db, p.gate))
+    split = {r.output for r in resolved if r.gate}   # judged by its gated parts (none gated: whole)
     taken = {n for n, _ in outputs} & {r.label for r in resolved}
     if taken:
         raise ConfigError(f"evaluation.parts: part name(s) {', '.join(sorted(taken))} are the network's output "
@@ -175,12 +176,16 @@ def propose_parts(outputs: list[tuple[str, list]]) -> dict[str, dict]:
     return {}
 
 
-def parts_toml(parts: dict[str, dict], min_cosine: float = 0.99) -> str:
-    """``propose_parts``' result as the ``[evaluation.parts]`` table of a quantflow.toml ("" for none)."""
+def parts_toml(parts: dict[str, dict], min_cosine: float = 0.99, gate: bool = True) -> str:
+    """``propose_parts``' result as the ``[evaluation.parts]`` table of a quantflow.toml ("" for none): each part
+    gated at ``min_cosine``, or with ``gate`` False reported only (beside a task metric)."""
     if not parts:
         return ""
-    lines = ["[evaluation.parts]   # each part of an output compared and gated on its own (README: Detectors)"]
+    lines = ["[evaluation.parts]   # each part of an output compared and gated on its own (README: Gates for every head)"
+             if gate else "[evaluation.parts]   # each part of an output compared on its own and reported; the "
+                          "task metric gates"]
     for name, p in parts.items():
+        limit = f"min_cosine = {min_cosine:g}" if gate else "gate = false"
         lines.append(f'{name} = {{ output = {json.dumps(p["output"])}, axis = {p["axis"]}, slice = "{p["slice"]}", '
-                     f'min_cosine = {min_cosine:g} }}   # {p["what"]}')
+                     f'{limit} }}   # {p["what"]}')
     return "\n".join(lines)

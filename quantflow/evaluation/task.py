@@ -41,9 +41,8 @@ from .intervals import figure as figure_of
 from .outputs import failing_outputs, failure_text, network_regions, region_rows, rows_details, rows_text
 from .protocol import Series, in_float
 from .runs import both_outputs, region_sums, sharded_parts
+from .shipped import SHIPPED
 from .verdicts import attach, explain, mark_rows, region_figures, with_intervals
-
-DETECTION = "quantflow.evaluation.detection:Detection"   # evaluation.metric = "detection"
 
 
 @dataclass(frozen=True)
@@ -55,8 +54,8 @@ class Batch:
 
 
 def entry_of(metric: str) -> str:
-    """The ``module:callable`` of ``evaluation.metric``."""
-    return DETECTION if metric == "detection" else metric
+    """The ``module:callable`` of ``evaluation.metric`` (a shipped metric's by its name, ``shipped.SHIPPED``)."""
+    return SHIPPED.get(metric, metric)
 
 
 class TaskMetric:

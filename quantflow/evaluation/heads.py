@@ -1,0 +1,168 @@
+"""What kind of head a network has, recognised from the shapes AND values of its outputs on a few calibration
+images, and the gate ``quantflow init`` proposes for it (``recognise``).
+
+The tests, in order (``input_shape`` N, C, H, W; ``grid`` = the sum over strides 8, 16, 32 of (H/s)(W/s), the
+anchor points of a three-stride detector at the input size; also strides 4..32 (-p2) and 8..64 (-p6)):
+
+- one output (N, classes): a **classifier** -> ``top1`` (init asks for per-class folders);
+- [N, 4 + classes, grid] (Ultralytics YOLOv8 / v11 detect) -> ``detection``, layout yolov8; with a second, 4-D
+  output of k mask prototypes (-seg) the last k rows are mask coefficients, which the detection metric does not
+  read: the outputs gate on the parts (boxes, scores, masks);
+- [N, 3 * grid, 5 + classes] (YOLOv5 / v7, decoded; alone, or before its raw per-stride heads as mindyolo's
+  YOLOv5 returns them) -> ``detection``, layout yolov5, on that output; [N, grid, 5 + classes]
+  (YOLOX) -> ``detection``, layout yolox when the box columns are raw grid offsets (all within a few cells, as
+  YOLOX's head before ``decode_outputs``) and yolov5 when they are decoded pixels;
+- [N, grid, 4 + classes] beside its raw maps [N, 4 x 16 + classes, H/s, W/s] (mindyolo's YOLOv8): anchors first,
+  a layout the detection metric does not read: the outputs gate on its parts (boxes, scores along axis 2);
+- one output per stride [N, 3, H/s, W/s, 5 + classes] (YOLOv5's raw heads): the outputs gate on their parts;
+- one 3-D output with the images' axis first or second whose rows over the last axis are a softmax (values in
+  0..1 summing to 1), or any time-major one [T, N, symbols] (a CRNN's logits): a **CTC sequence** -> ``ctc``;
+- one output [N, 1, H, W] at the input resolution with every value in 0..1: a **text-region map** (DBNet) ->
+  ``text_regions``;
+- one output [N, classes, H/s, W/s] (s 1, 2, 4 or 8, classes >= 2): **segmentation** -> ``segmentation``;
+- anything else: the ``outputs`` gate on every output whole.
+
+A YOLO head's parts (``parts.propose_parts``) are proposed with it: gated under the outputs gate, reported as
+diagnostics (``gate = false``) beside the detection metric.  The previous test ("[N, a, b] with a >= 5 and b > a
+is a YOLOv8 head") took PP-OCRv4 rec's [1, 40, 6625] CTC softmax for one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .parts import propose_parts
+
+STRIDES = (8, 16, 32)
+STRIDE_SETS = (STRIDES, (4, 8, 16, 32), (8, 16, 32, 64))   # Ultralytics' P3-P5, -p2 and -p6 heads
+SOFTMAX_TOLERANCE = 1e-3    # |row sum - 1| of a float32 softmax over thousands of symbols
+RAW_OFFSET_CELLS = 8.0      # YOLOX's raw x, y offsets stay within a few grid cells; decoded ones are pixels
+SEGMENTATION_STRIDES = (1, 2, 4, 8)
+REG_MAX = 16                # YOLOv8's distribution-focal-loss bins per box side (the raw maps' 4 x 16 channels)
+
+
+@dataclass(frozen=True)
+class Head:
+    """What ``recognise`` found: the metric to write, its options, the parts, and what it saw."""
+    metric: str                       # "top1", "detection", "ctc", "text_regions", "segmentation" or "outputs"
+    what: str                         # what was recognised, from what (init's comment)
+    options: dict = field(default_factory=dict)
+    parts: dict = field(default_factory=dict)   # parts.propose_parts' form
+
+
+def grid(height: int, width: int, strides=STRIDES) -> int:
+    """Anchor points of a detector with ``strides`` at an input of ``height`` x ``width``."""
+    return sum(-(-height // s) * -(-width // s) for s in strides)
+
+
+def _shape(a) -> list[int]:
+    return list(np.shape(a))
+
+
+def _strides(anchors: int, h: int, w: int, per_cell: int = 1) -> tuple[int, ...] | None:
+    """The stride set whose grid at ``h`` x ``w`` holds ``anchors`` (``per_cell`` anchors per cell), if any."""
+    return next((s for s in STRIDE_SETS if per_cell * grid(h, w, s) == anchors), None)
+
+
+def _yolo(outputs: list[tuple[str, np.ndarray]], n: int, h: int, w: int) -> Head | None:
+    (name, first), rest = outputs[0], outputs[1:]
+    s = _shape(first)
+    shapes = [(k, _shape(v)) for k, v in outputs]
+    strides = _strides(s[2], h, w) if len(s) == 3 else None
+    g = grid(h, w, strides) if strides else 0
+    at = f"the anchor points of strides {', '.join(map(str, strides or ()))} at {w}x{h}"
+    if len(s) == 3 and s[0] == n and strides and s[1] >= 5:
+        masks = _shape(rest[0][1])[1] if len(rest) == 1 and len(_shape(rest[0][1])) == 4 else None
+        if not rest:
+            return Head("detection", f"a YOLOv8/v11 detect head: {name} {s} = [images, 4 + {s[1] - 4} classes, "
+                                     f"{g} anchors], {g} = {at}",
+                        {"layout": "yolov8"}, propose_parts(shapes))
+        if masks is not None and s[1] - 4 - masks >= 1:
+            return Head("outputs", f"a YOLOv8/v11-seg head: {name} {s} = [images, 4 + {s[1] - 4 - masks} classes + "
+                                   f"{masks} mask coefficients, {g} = {at}] and {masks} mask prototypes "
+                                   f"{rest[0][0]} {_shape(rest[0][1])}; the detection metric does not read masks, "
+                                   f"so the outputs gate judges each part", parts=propose_parts(shapes))
+        return None
+    strides = _strides(s[1], h, w) or _strides(s[1], h, w, 3) if len(s) == 3 else None
+    g = grid(h, w, strides) if strides else 0
+    at = f"the anchor points of strides {', '.join(map(str, strides or ()))} at {w}x{h}"
+    raw = [_shape(v) for _, v in rest]
+    beside = all(len(r) == 5 and r[0] == n and r[4] == s[-1] for r in raw) and \
+        sorted((r[2], r[3]) for r in raw) == sorted((-(-h // st), -(-w // st)) for st in (strides or ())[:len(raw)])
+    if len(s) == 3 and s[0] == n and s[2] >= 6 and strides and (not rest or beside):
+        box = np.asarray(first[..., :2], np.float64)
+        options = {} if strides == STRIDES else {"strides": list(strides)}
+        if s[1] == 3 * g:
+            kind, layout = f"a YOLOv5/v7 head: {name} {s} = [images, 3 x {g} anchors", "yolov5"
+        elif np.abs(box).max() <= RAW_OFFSET_CELLS:
+            kind, layout = f"a raw YOLOX head (x, y within {RAW_OFFSET_CELLS:g} cells): {name} {s} = [images, {g} " \
+                           f"anchors", "yolox"
+        else:
+            kind, layout = f"a decoded YOLOX head: {name} {s} = [images, {g} anchors", "yolov5"
+        also = f", beside its raw per-stride heads {raw}" if rest else ""
+        return Head("detection", f"{kind}, 5 + {s[2] - 5} classes], {g} = {at}{also}",
+                    {"layout": layout, **(options if layout == "yolox" else {})}, propose_parts(shapes[:1]))
+    dfl = len(s) == 3 and s[0] == n and strides and s[1] == g and s[2] >= 5 and len(raw) == len(strides) and all(
+        len(r) == 4 and r[0] == n and r[1] == 4 * REG_MAX + s[2] - 4 for r in raw) and \
+        sorted((r[2], r[3]) for r in raw) == sorted((-(-h // st), -(-w // st)) for st in strides)
+    if dfl:   # anchors first: neither layout the detection metric reads
+        return Head("outputs", f"a YOLOv8 head as mindyolo returns it: {name} {s} = [images, {g} anchors, 4 + "
+                               f"{s[2] - 4} classes], {g} = {at}, beside its raw maps {raw} (4 x {REG_MAX} DFL + "
+                               f"classes); the detection metric reads no anchors-first YOLOv8 layout, so the outputs "
+                               f"gate judges each part",
+                    parts={"boxes": {"output": name, "axis": 2, "slice": "0:4", "what": "cx, cy, w, h (pixels)"},
+                           "scores": {"output": name, "axis": 2, "slice": "4:", "what": "class scores"}})
+    fives = [_shape(v) for _, v in outputs]
+    if all(len(f) == 5 and f[0] == n and f[4] >= 6 for f in fives) and \
+            sorted((f[2], f[3]) for f in fives) == sorted((-(-h // st), -(-w // st)) for st in STRIDES[:len(fives)]):
+        return Head("outputs", f"YOLOv5's raw per-stride heads {[f for f in fives]} (grids of strides "
+                               f"{list(STRIDES[:len(fives)])} at {w}x{h}); the outputs gate judges each part",
+                    parts=propose_parts(shapes))
+    return None
+
+
+def _softmax_rows(a: np.ndarray) -> bool:
+    a = np.asarray(a, np.float64)
+    return bool(a.size and a.min() >= 0 and a.max() <= 1 + SOFTMAX_TOLERANCE
+                and np.abs(a.sum(-1) - 1).max() <= SOFTMAX_TOLERANCE)
+
+
+def recognise(outputs: dict[str, np.ndarray], input_shape) -> Head:
+    """The head of a network whose outputs on a few calibration images (name -> array, in the network's order;
+    ``input_shape`` N, C, H, W the batch they were run at) are ``outputs``; see the module docstring."""
+    n, _, h, w = (int(d) for d in input_shape)
+    items = list(outputs.items())
+    shown = ", ".join(f"{k} {_shape(v)}" for k, v in items)
+    if not items:
+        return Head("outputs", "no outputs")
+    if len(items) == 1 and len(_shape(items[0][1])) == 2 and _shape(items[0][1])[0] == n:
+        name, a = items[0]
+        return Head("top1", f"a classifier: {name} {_shape(a)} = [images, {_shape(a)[1]} classes]")
+    yolo = _yolo(items, n, h, w)
+    if yolo is not None:
+        return yolo
+    if len(items) == 1:
+        name, a = items[0]
+        s = _shape(a)
+        if len(s) == 3 and s[-1] >= 2 and (s[0] == n or s[1] == n):
+            layout = "ntc" if s[0] == n else "tnc"
+            t = s[1] if layout == "ntc" else s[0]
+            if _softmax_rows(a):
+                return Head("ctc", f"a CTC sequence recognizer: {name} {s} = [{'images, ' if layout == 'ntc' else ''}"
+                                   f"{t} steps, {'images, ' if layout == 'tnc' else ''}{s[-1]} symbols], each step a "
+                                   f"softmax over the symbols (its rows sum to 1)", {"layout": layout})
+            if layout == "tnc" and s[0] != n:
+                return Head("ctc", f"a CTC sequence recognizer: {name} {s} = [{t} steps, images, {s[-1]} symbols], "
+                                   f"time-major as a CRNN's logits", {"layout": layout})
+        if len(s) == 4 and s[0] == n and s[2:] == [h, w] and s[1] == 1:
+            v = np.asarray(a)
+            if v.size and v.min() >= 0 and v.max() <= 1:
+                return Head("text_regions", f"a text-region probability map (DBNet): {name} {s} = [images, 1, H, W] "
+                                            f"at the input resolution, every value in 0..1")
+        if len(s) == 4 and s[0] == n and s[1] >= 2 and any(s[2:] == [-(-h // k), -(-w // k)]
+                                                          for k in SEGMENTATION_STRIDES):
+            k = next(k for k in SEGMENTATION_STRIDES if s[2:] == [-(-h // k), -(-w // k)])
+            at = "at the input resolution" if k == 1 else f"at 1/{k} of the input resolution"
+            return Head("segmentation", f"a segmentation head: {name} {s} = [images, {s[1]} classes, H, W] {at}")
+    return Head("outputs", f"no head quantflow has a task metric for ({shown}): INT8 against FP32 on every output")
