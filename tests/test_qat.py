@@ -47,7 +47,8 @@ def test_forward_equals_the_emulator_within_one_float16_ulp(demo, rollback):
 
     graph, calib, held, folder = demo
     qp = calibrate(graph, [calib[:32], calib[32:]], "mse", rollback_small_channels=rollback)
-    assert [q.op for q in qp.ops] == (["MatMul"] * 2 if rollback else ["Conv2D"] * 2 + ["MatMul"] * 2)
+    # DigitsNet: CANN rolls back the stem (3 channels); its other two convolutions and the Dense layers stay INT8
+    assert [q.op for q in qp.ops] == ["Conv2D"] * (2 if rollback else 3) + ["MatMul"] * 2
     net = FakeQuantNet(graph, qp, folder / f"net-{rollback}")
     x16 = held.astype(np.float16)
     want = Emulator(quantized_graph(graph, qp)).logits(x16)

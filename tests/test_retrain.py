@@ -18,12 +18,22 @@ from quantflow.quantization.qparams import QuantParams
 
 
 @pytest.fixture(scope="module")
-def calibrated(demo_cfg, tmp_path_factory):
+def clipped_cfg(demo_cfg):
+    """The demo calibrated with ranges that clip 1% of every quantized op's input (percentile 99): an INT8 error
+    (about 1e-2 of the logits' energy) that a few steps of retraining can lower by a wide margin.  The demo's own
+    mse calibration is within 3e-5 of FP32, too close for a few steps to improve reliably."""
+    return demo_cfg.model_copy(update={"calibration": demo_cfg.calibration.model_copy(
+        update={"method": "percentile", "percentile": 99.0})})
+
+
+@pytest.fixture(scope="module")
+def calibrated(clipped_cfg, tmp_path_factory):
     """The demo's graph and calibration stages run on 64 of its calibration images: (graph dir, calibrate dir,
     the images' paths)."""
     from tasks.calibrate import calibrate_stage
     from tasks.graph import graph_stage
 
+    demo_cfg = clipped_cfg
     root = tmp_path_factory.mktemp("retrain")
     paths = sorted(demo_cfg.path(demo_cfg.calibration.data_dir).rglob("*.png"))[::3][:64]
     graph_dir, calibrate_dir = root / "graph", root / "calibrate"
@@ -56,7 +66,7 @@ def run_retrain(cfg, calibrated, out, **settings):
 
 
 @pytest.mark.parametrize("learn_ranges", [False, True], ids=["weights", "weights-and-ranges"])
-def test_a_few_distillation_steps_lower_the_int8_error_and_write_the_artifacts(demo_cfg, calibrated, tmp_path,
+def test_a_few_distillation_steps_lower_the_int8_error_and_write_the_artifacts(clipped_cfg, calibrated, tmp_path,
                                                                               learn_ranges):
     import mindspore as ms
 
@@ -65,7 +75,7 @@ def test_a_few_distillation_steps_lower_the_int8_error_and_write_the_artifacts(d
 
     graph_dir, calibrate_dir, paths = calibrated
     out = tmp_path / "retrain"
-    cfg, record = run_retrain(demo_cfg, calibrated, out, steps=12, lr=1e-4, batch_size=16,
+    cfg, record = run_retrain(clipped_cfg, calibrated, out, steps=12, lr=1e-4, batch_size=16,
                               learn_ranges=learn_ranges)
     assert json.loads((out / RETRAIN_JSON).read_text()) == json.loads(json.dumps(record))
     assert record["steps"] == len(record["losses"]) == 12 and record["device_target"] == "CPU"
@@ -107,14 +117,14 @@ def labels_loss(cfg, network):
     return loss
 
 
-def test_the_labelled_mode_trains_on_the_users_loss(demo_cfg, calibrated, tmp_path):
+def test_the_labelled_mode_trains_on_the_users_loss(clipped_cfg, calibrated, tmp_path):
     graph_dir, calibrate_dir, paths = calibrated
     out = tmp_path / "retrain"
-    _, record = run_retrain(demo_cfg, calibrated, out, mode="labels", entry="test_retrain:labels_loss", steps=6,
+    _, record = run_retrain(clipped_cfg, calibrated, out, mode="labels", entry="test_retrain:labels_loss", steps=6,
                             lr=1e-4)
     assert record["mode"] == "labels" and len(record["losses"]) == 6 and np.all(np.isfinite(record["losses"]))
     # the parameters kept are the retrained ones where they lower the emulated error, else the calibrated ones
-    e, kept = record["emulated_loss"], relative_error(demo_cfg, graph_dir, out, paths)
+    e, kept = record["emulated_loss"], relative_error(clipped_cfg, graph_dir, out, paths)
     assert kept == pytest.approx(e["retrained"] if record["kept"] == "retrained" else e["before"], rel=1e-6)
     assert kept <= e["before"] * (1 + 1e-6)
 
