@@ -142,13 +142,22 @@ def _run(b) -> None:
 
 def evaluation_inputs(cfg) -> dict:
     """What the evaluation depends on beyond ``[evaluation]`` itself: the held-out images (and the tuning images
-    of ``evaluation.tune_dir``), YOLO label files beside them, and the source of a task metric of the user's."""
+    of ``evaluation.tune_dir``), YOLO label files beside them, files its options name, and the source of a task
+    metric of the user's."""
     e = cfg.evaluation
     source = _metric_file(cfg)
     return {"eval_data": folder_digest(cfg.path(e.data_dir), IMAGE_EXTS),
             "tune_data": folder_digest(cfg.path(e.tune_dir), IMAGE_EXTS) if e.tune_dir else None,
             "labels": _labels_digest(cfg) if e.metric == "detection" else None,
+            "option_files": _option_files(cfg),
             "metric_source": file_sha256(source) if source else None}
+
+
+def _option_files(cfg) -> dict:
+    """The files ``evaluation.options`` names (e.g. the ctc metric's labels and charset), by content: editing one
+    reruns the evaluation."""
+    return {k: file_sha256(cfg.path(v)) for k, v in sorted(cfg.evaluation.options.items())
+            if isinstance(v, str) and v and cfg.path(v).is_file()}
 
 
 def _metric_file(cfg) -> Path | None:

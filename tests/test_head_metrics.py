@@ -221,3 +221,22 @@ def test_ctc_on_a_time_major_network_run_image_by_image(tmp_path):
     assert [r["length"] for r in records] == lengths and sum(lengths) > 5   # readings of a few symbols each
     numbers = TaskMetric("ctc", {}).summarize(records)
     assert numbers["images"] == 5 and 0 <= numbers["agreement"] <= 1
+
+
+def test_editing_a_file_the_options_name_changes_the_evaluation_key(tmp_path):
+    """The ctc metric's labels and charset are read by the gate: their content is in its key (and the fallback's),
+    so editing them reruns the evaluation; option values that are not files are not."""
+    from types import SimpleNamespace
+
+    from quantflow.tasks.fallback import _option_files
+
+    (tmp_path / "labels.txt").write_text("a.png\tAB\n")
+    (tmp_path / "keys.txt").write_text("A\nB\n")
+    cfg = SimpleNamespace(evaluation=SimpleNamespace(options={"labels": "labels.txt", "charset": "keys.txt",
+                                                              "layout": "auto", "blank": 0}),
+                          path=lambda p: tmp_path / p)
+    first = _option_files(cfg)
+    assert sorted(first) == ["charset", "labels"]
+    (tmp_path / "labels.txt").write_text("a.png\tBA\n")
+    second = _option_files(cfg)
+    assert second["labels"] != first["labels"] and second["charset"] == first["charset"]
