@@ -117,3 +117,17 @@ def test_static_shapes_fix_the_input_and_infer_the_values(tmp_path):
     assert [d.dim_value for d in g.input[0].type.tensor_type.shape.dim] == [1, 3, 4, 4]
     shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in g.value_info}
     assert shapes["a"] == [1, 4, 4, 4] and shapes["b"] == [1, 4, 4, 4]
+
+
+def test_cached_outputs_are_read_back_under_the_same_key_only(tmp_path):
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"a/b": np.arange(3.0) + len(calls)}
+
+    first = peers.cached(tmp_path / "c.npz", "k1", compute)
+    again = peers.cached(tmp_path / "c.npz", "k1", compute)
+    other = peers.cached(tmp_path / "c.npz", "k2", compute)
+    assert len(calls) == 2 and np.array_equal(first["a/b"], again["a/b"])
+    assert np.array_equal(other["a/b"], np.arange(3.0) + 2)
