@@ -341,21 +341,26 @@ def onnx_node_names(original: Path, converted: Path, ir_nodes: list[str]) -> lis
     return list(dict.fromkeys(out))
 
 
-def nncf_quantize(model: Path, calibration: list[np.ndarray], out: Path, ignored: list[str] = ()) -> Path:
+def nncf_quantize(model: Path, calibration: list[np.ndarray], out: Path, ignored: list[str] = (),
+                  preset: str | None = None) -> Path:
     """``nncf.quantize`` of ``model`` with its defaults on ``calibration`` (every tensor), ``ignored`` ONNX nodes
-    left in float; the QDQ model written to ``out``."""
+    left in float, ``preset`` ("performance": symmetric activations, NNCF's default; "mixed": asymmetric, as
+    quantflow's) where given; the QDQ model written to ``out``."""
     import nncf
     import onnx
 
     m = onnx.load(str(model))
     name = m.graph.input[0].name
     kw = {"ignored_scope": nncf.IgnoredScope(names=list(ignored))} if ignored else {}
+    if preset:
+        kw["preset"] = nncf.QuantizationPreset(preset)
     q = nncf.quantize(m, nncf.Dataset(calibration, lambda x: {name: x}), subset_size=len(calibration), **kw)
     onnx.save(q, str(out))
     return out
 
 
-def evaluate(name: str, workdir: Path, sets, calib: int | None, evals: int | None, log=print) -> dict:
+def evaluate(name: str, workdir: Path, sets, calib: int | None, evals: int | None, preset: str | None = None,
+             log=print) -> dict:
     m = MODELS[name]
     folder = workdir / name
     t0 = time.perf_counter()
@@ -377,18 +382,18 @@ def evaluate(name: str, workdir: Path, sets, calib: int | None, evals: int | Non
     src = with_static_shapes(src, folder / "model_nncf.onnx", qf.cfg.model.input_shape)
     cal = qf.calibration()
     t = time.perf_counter()
-    nn = ort_outputs(nncf_quantize(src, cal, folder / "nncf.onnx"), x32)
+    nn = ort_outputs(nncf_quantize(src, cal, folder / "nncf.onnx", preset=preset), x32)
     t_nncf = time.perf_counter() - t
     float16 = qf.device_float16_nodes()
     ignored = onnx_node_names(folder / "model.onnx", src, float16)
     row = {"model": name, "wheel": m.wheel, "shape": list(m.shape), "calibration_images": len(cal),
-           "held_out_images": len(paths), "opset": opset, "input": "AIPP float16 frame",
+           "held_out_images": len(paths), "opset": opset, "nncf_preset": preset or "default (performance)", "input": "AIPP float16 frame",
            "quantflow_set": {f"{s}.{k}": v for s, k, v in sets},
            "quantflow_int8_ops": len(qf.qparams.ops), "device_float16": float16, "nncf_ignored": ignored,
            "seconds": {"build": t_build, "emulation": t_emu, "nncf_quantize_and_run": t_nncf},
            "quantflow": figures(fp, q, m.classifier), "nncf": figures(fp, nn, m.classifier)}
     if ignored:
-        nk = ort_outputs(nncf_quantize(src, cal, folder / "nncf_ignored.onnx", ignored), x32)
+        nk = ort_outputs(nncf_quantize(src, cal, folder / "nncf_ignored.onnx", ignored, preset), x32)
         row["nncf_cann_float16"] = figures(fp, nk, m.classifier)
     if len(ignored) != len(float16):
         log(f"  {name}: {len(float16) - len(ignored)} of CANN's float16 layers not found by name in the ONNX file")
@@ -429,6 +434,8 @@ def main(argv=None) -> int:
                          "quantization.recover='\"auto\"'")
     ap.add_argument("--calib", type=int, default=None, help="calibration images per model (default: MODELS')")
     ap.add_argument("--eval", type=int, default=None, help="held-out images per model (default: MODELS')")
+    ap.add_argument("--nncf-preset", choices=["performance", "mixed"], default=None,
+                    help="NNCF's quantization preset (default: NNCF's own, performance: symmetric activations)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the projects and models here (default: a "
                                                               "temporary folder)")
     ap.add_argument("--out", type=Path, default=Path("peers.md"), help="the markdown table")
@@ -442,7 +449,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = (a.workdir or Path(tmp)).resolve()
         for name in filter(None, a.models.split(",")):
-            rows.append(evaluate(name, workdir, sets, a.calib, a.eval, log=lambda s: print(s, flush=True)))
+            rows.append(evaluate(name, workdir, sets, a.calib, a.eval, a.nncf_preset,
+                                 log=lambda s: print(s, flush=True)))
             print(*format_table(rows[-1:]).split("\n\n")[0].splitlines()[2:], sep="\n", flush=True)
             a.json.write_text(json.dumps(rows, indent=1))
     table = format_table(rows)
