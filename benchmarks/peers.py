@@ -394,7 +394,8 @@ def evaluate(name: str, workdir: Path, sets, calib: int | None, evals: int | Non
     float16 = qf.device_float16_nodes()
     ignored = onnx_node_names(folder / "model.onnx", src, float16)
     row = {"model": name, "wheel": m.wheel, "shape": list(m.shape), "calibration_images": len(cal),
-           "held_out_images": len(paths), "opset": opset, "nncf_preset": preset or "default (performance)", "input": "AIPP float16 frame",
+           "held_out_images": len(paths), "opset": opset, "nncf_preset": preset or "default (performance)",
+           "input": "AIPP float16 frame",
            "quantflow_set": {f"{s}.{k}": v for s, k, v in sets},
            "quantflow_int8_ops": len(qf.qparams.ops), "device_float16": float16, "nncf_ignored": ignored,
            "seconds": {"build": t_build, "emulation": t_emu, "nncf_quantize_and_run": t_nncf},
