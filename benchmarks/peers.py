@@ -185,16 +185,17 @@ def project_toml(name: str, m: Model, sets: list[tuple[str, str, object]], calib
     return "\n".join(lines) + "\n"
 
 
-def write_project(name: str, m: Model, folder: Path, sets, calib: int | None, evals: int | None) -> Path:
-    """The model's quantflow project in ``folder``: model.onnx, calib/ and eval/ (seeded per model, calibration
-    and held-out images from different seeds) and quantflow.toml."""
+def write_project(name: str, m: Model, folder: Path, sets, calib: int | None, evals: int | None,
+                  seed: int = 0) -> Path:
+    """The model's quantflow project in ``folder``: model.onnx, calib/ and eval/ (seeded per model and by
+    ``seed``, calibration and held-out images from different seeds) and quantflow.toml."""
     from benchmarks.synth import write_images
 
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(model_file(m), folder / "model.onnx")
-    seed = zlib.crc32(name.encode())
+    base = zlib.crc32(name.encode()) + 2 * seed
     c, h, w = m.shape
-    for sub, count, s in (("calib", calib or m.calib, seed), ("eval", evals or m.evals, seed + 1)):
+    for sub, count, s in (("calib", calib or m.calib, base), ("eval", evals or m.evals, base + 1)):
         shutil.rmtree(folder / sub, ignore_errors=True)
         write_images(folder / sub, m.kind, h, w, count, s, gray=c == 1)
     toml = folder / "quantflow.toml"
@@ -367,11 +368,11 @@ def nncf_quantize(model: Path, calibration: list[np.ndarray], out: Path, ignored
 
 
 def evaluate(name: str, workdir: Path, sets, calib: int | None, evals: int | None, preset: str | None = None,
-             log=print) -> dict:
+             seed: int = 0, log=print) -> dict:
     m = MODELS[name]
-    folder = workdir / name
+    folder = workdir / (name if not seed else f"{name}-seed{seed}")
     t0 = time.perf_counter()
-    toml = write_project(name, m, folder, sets, calib, evals)
+    toml = write_project(name, m, folder, sets, calib, evals, seed)
     build(toml, folder / "build.log")
     t_build = time.perf_counter() - t0
     qf = QuantflowSide(toml)
@@ -394,7 +395,7 @@ def evaluate(name: str, workdir: Path, sets, calib: int | None, evals: int | Non
     float16 = qf.device_float16_nodes()
     ignored = onnx_node_names(folder / "model.onnx", src, float16)
     row = {"model": name, "wheel": m.wheel, "shape": list(m.shape), "calibration_images": len(cal),
-           "held_out_images": len(paths), "opset": opset, "nncf_preset": preset or "default (performance)",
+           "held_out_images": len(paths), "opset": opset, "nncf_preset": preset or "default (performance)", "seed": seed,
            "input": "AIPP float16 frame",
            "quantflow_set": {f"{s}.{k}": v for s, k, v in sets},
            "quantflow_int8_ops": len(qf.qparams.ops), "device_float16": float16, "nncf_ignored": ignored,
@@ -444,6 +445,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eval", type=int, default=None, help="held-out images per model (default: MODELS')")
     ap.add_argument("--nncf-preset", choices=["performance", "mixed"], default=None,
                     help="NNCF's quantization preset (default: NNCF's own, performance: symmetric activations)")
+    ap.add_argument("--seed", type=int, default=0, help="another draw of every model's images (0: the measured "
+                                                           "one), to see how the figures move with the sample")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the projects and models here (default: a "
                                                               "temporary folder)")
     ap.add_argument("--out", type=Path, default=Path("peers.md"), help="the markdown table")
@@ -457,7 +460,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = (a.workdir or Path(tmp)).resolve()
         for name in filter(None, a.models.split(",")):
-            rows.append(evaluate(name, workdir, sets, a.calib, a.eval, a.nncf_preset,
+            rows.append(evaluate(name, workdir, sets, a.calib, a.eval, a.nncf_preset, a.seed,
                                  log=lambda s: print(s, flush=True)))
             print(*format_table(rows[-1:]).split("\n\n")[0].splitlines()[2:], sep="\n", flush=True)
             a.json.write_text(json.dumps(rows, indent=1))
