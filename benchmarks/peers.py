@@ -67,7 +67,7 @@ class Model:
     file: str               # the ONNX file inside it
     wheel: str              # where it comes from
     shape: tuple            # C, H, W
-    norm: tuple             # (mean, std), scale, channel order: the package's own preprocessing
+    norm: tuple             # (mean, std) of the package's own preprocessing (with scale and order below)
     scale: str
     order: str
     kind: str               # benchmarks.synth kind of image
