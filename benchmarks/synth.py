@@ -1,0 +1,158 @@
+"""Seeded synthetic images for the side-by-side benchmark (``benchmarks.peers``), at a model's input size.
+
+    draw(kind, height, width, rng) -> uint8 H,W,3 (BGR, as OpenCV writes and reads it)
+
+Kinds: ``line`` (one text line filling the height: a recognizer's or a text-direction classifier's crop; half of
+them turned 180 degrees), ``page`` (lines of text of several sizes on a page: a text detector's input), ``page4``
+(a page turned by 0/90/180/270 degrees: page orientation), ``layout`` (a page of title, paragraphs, a ruled table
+and a figure box: a layout detector's), ``shapes`` (filled shapes, skin-toned ellipses and a few large characters
+on a gradient: a generic detector's).  Text is drawn with ``cv2.putText`` (Hershey fonts); the same seed gives the
+same images on any machine (NumPy's PCG64 and OpenCV's deterministic rasterizer).
+"""
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+KINDS = ("line", "page", "page4", "layout", "shapes")
+FONTS = (cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_DUPLEX, cv2.FONT_HERSHEY_COMPLEX, cv2.FONT_HERSHEY_TRIPLEX,
+         cv2.FONT_HERSHEY_PLAIN)
+CHARS = string.ascii_letters + string.digits + "    .,:-"
+
+
+def _text(rng, n: int) -> str:
+    return "".join(rng.choice(list(CHARS), n)).strip() or "A"
+
+
+def _paper(rng, h: int, w: int) -> np.ndarray:
+    """A light background with a slight tint, a gradient and sensor noise."""
+    base = rng.uniform(185, 250, 3)
+    ramp = np.linspace(-1, 1, w)[None, :, None] * rng.uniform(-15, 15, 3)
+    img = base + ramp + rng.normal(0, rng.uniform(1, 6), (h, w, 3))
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def _ink(rng) -> tuple:
+    return tuple(int(v) for v in rng.uniform(0, 90, 3))
+
+
+def _put_line(img, rng, x: int, y: int, height: int, width: int) -> None:
+    """Text about ``height`` pixels tall from (x, baseline y), as many characters as fit in ``width``."""
+    font = int(rng.choice(FONTS))
+    thick = int(rng.integers(1, 3))
+    scale = cv2.getFontScaleFromHeight(font, max(int(height), 4), thick)
+    (cw, _), _ = cv2.getTextSize("W", font, scale, thick)
+    n = max(1, int(width / max(cw * 0.75, 1)))
+    cv2.putText(img, _text(rng, int(rng.integers(max(1, n // 2), n + 1))), (int(x), int(y)), font, scale, _ink(rng),
+                thick, cv2.LINE_AA)
+
+
+def line(rng, h: int, w: int) -> np.ndarray:
+    img = _paper(rng, h, w)
+    th = int(h * rng.uniform(0.45, 0.7))
+    _put_line(img, rng, rng.integers(0, max(1, w // 10)), (h + th) // 2, th, w)
+    return img[::-1, ::-1].copy() if rng.random() < 0.5 else img
+
+
+def page(rng, h: int, w: int) -> np.ndarray:
+    img = _paper(rng, h, w)
+    y = int(rng.integers(4, max(5, h // 12)))
+    while True:
+        th = int(max(8, h * rng.uniform(0.015, 0.06)))
+        y += th + int(th * rng.uniform(0.3, 1.2))
+        if y >= h - 2:
+            return img
+        x = int(rng.integers(0, w // 4))
+        _put_line(img, rng, x, y, th, int((w - x) * rng.uniform(0.3, 1.0)))
+
+
+def page4(rng, h: int, w: int) -> np.ndarray:
+    k = int(rng.integers(0, 4))
+    img = page(rng, w, h) if k % 2 else page(rng, h, w)
+    return np.ascontiguousarray(np.rot90(img, k))
+
+
+def layout(rng, h: int, w: int) -> np.ndarray:
+    img = _paper(rng, h, w)
+    m = int(w * 0.06)
+    y = m + int(h * 0.04)
+    _put_line(img, rng, m, y, int(h * 0.035), w - 2 * m)       # title
+    y += int(h * 0.03)
+    while y < h - m:
+        block = rng.choice(["text", "text", "table", "figure"])
+        bh = int(h * rng.uniform(0.08, 0.2))
+        if y + bh > h - m:
+            break
+        if block == "text":
+            lh = max(4, int(h * 0.014))
+            for ly in range(y + lh, y + bh, int(lh * 1.8)):
+                _put_line(img, rng, m, ly, lh, w - 2 * m)
+        elif block == "table":
+            rows, cols = int(rng.integers(3, 7)), int(rng.integers(2, 5))
+            for r in range(rows + 1):
+                cv2.line(img, (m, y + r * bh // rows), (w - m, y + r * bh // rows), _ink(rng), 1)
+            for c in range(cols + 1):
+                x = m + c * (w - 2 * m) // cols
+                cv2.line(img, (x, y), (x, y + bh), _ink(rng), 1)
+            for r in range(rows):
+                for c in range(cols):
+                    _put_line(img, rng, m + c * (w - 2 * m) // cols + 3, y + (r + 1) * bh // rows - 3,
+                              int(bh / rows * 0.5), (w - 2 * m) // cols - 6)
+        else:
+            x0 = int(rng.integers(m, w // 2))
+            cv2.rectangle(img, (x0, y), (int(rng.integers(x0 + w // 6, w - m + 1)), y + bh),
+                          tuple(int(v) for v in rng.uniform(60, 220, 3)), -1)
+        y += bh + int(h * 0.02)
+    return img
+
+
+def shapes(rng, h: int, w: int) -> np.ndarray:
+    c0, c1 = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
+    t = np.linspace(0, 1, h)[:, None, None]
+    img = np.clip(c0 * (1 - t) + c1 * t + rng.normal(0, 4, (h, w, 3)), 0, 255).astype(np.uint8)
+    s = min(h, w)
+    for _ in range(int(rng.integers(3, 9))):
+        kind = rng.choice(["rect", "circle", "ellipse", "poly", "skin", "char"])
+        color = tuple(int(v) for v in rng.uniform(0, 255, 3))
+        cx, cy = int(rng.integers(0, w)), int(rng.integers(0, h))
+        r = int(s * rng.uniform(0.05, 0.25))
+        if kind == "rect":
+            cv2.rectangle(img, (cx - r, cy - r // 2), (cx + r, cy + r), color, -1)
+        elif kind == "circle":
+            cv2.circle(img, (cx, cy), r, color, -1, cv2.LINE_AA)
+        elif kind in ("ellipse", "skin"):
+            if kind == "skin":  # BGR skin tones
+                color = tuple(int(v) for v in np.array([120, 160, 210]) * rng.uniform(0.6, 1.15))
+            cv2.ellipse(img, (cx, cy), (r, int(r * rng.uniform(0.4, 1.6))), float(rng.uniform(0, 180)), 0, 360,
+                        color, -1, cv2.LINE_AA)
+        elif kind == "poly":
+            pts = (np.array([cx, cy]) + rng.integers(-r, r + 1, (int(rng.integers(3, 7)), 2))).astype(np.int32)
+            cv2.fillPoly(img, [pts], color, cv2.LINE_AA)
+        else:
+            font = int(rng.choice(FONTS))
+            cv2.putText(img, _text(rng, 1), (cx, cy), font, cv2.getFontScaleFromHeight(font, r, 3), color, 3,
+                        cv2.LINE_AA)
+    return img
+
+
+DRAW = {"line": line, "page": page, "page4": page4, "layout": layout, "shapes": shapes}
+
+
+def draw(kind: str, height: int, width: int, rng: np.random.Generator) -> np.ndarray:
+    return DRAW[kind](rng, height, width)
+
+
+def write_images(folder: Path, kind: str, height: int, width: int, count: int, seed: int, gray: bool = False) -> list:
+    """``count`` images of ``kind`` as PNG files 0000.png ... in ``folder`` (made), from ``seed``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rng, paths = np.random.default_rng(seed), []
+    for i in range(count):
+        img = draw(kind, height, width, rng)
+        p = folder / f"{i:04d}.png"
+        cv2.imwrite(str(p), cv2.cvtColor(img, cv2.COLOR_BGR2GRAY) if gray else img)
+        paths.append(p)
+    return paths

@@ -1,0 +1,152 @@
+"""benchmarks.peers: its figures against independent computations, its --set parsing, the project it writes, the
+ONNX node names it gives NNCF for the graph IR's nodes, and the seeded images (benchmarks.synth)."""
+from __future__ import annotations
+
+import tomllib
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper, version_converter
+from scipy.spatial.distance import cosine as cosine_distance
+
+from benchmarks import peers, synth
+
+
+def test_cosine_is_one_minus_scipys_cosine_distance():
+    rng = np.random.default_rng(0)
+    f = rng.normal(size=(6, 4, 5)).astype(np.float32)
+    q = f + rng.normal(0, 0.3, f.shape).astype(np.float32)
+    got = peers.output_figures(f, q)["cosine"]
+    assert got == pytest.approx(1 - cosine_distance(f.ravel().astype(np.float64), q.ravel().astype(np.float64)),
+                                abs=1e-12)
+
+
+@pytest.mark.parametrize("db", [5.0, 20.0, 41.5])
+def test_sqnr_of_noise_scaled_to_a_known_ratio(db):
+    rng = np.random.default_rng(1)
+    f = rng.normal(size=(3, 50))
+    e = rng.normal(size=f.shape)
+    e *= np.sqrt(np.sum(f ** 2) / (np.sum(e ** 2) * 10 ** (db / 10)))   # noise energy = signal / 10^(db/10)
+    assert peers.output_figures(f, f + e)["sqnr_db"] == pytest.approx(db, abs=1e-9)
+
+
+def test_mean_abs_error_relative_to_the_peak():
+    f = np.zeros((4, 10))
+    f[2, 3] = -2.0                                    # max |FP32| = 2
+    q = f + np.where(np.arange(40).reshape(4, 10) % 2, 0.1, -0.3)   # |error| 0.1 and 0.3, half each
+    assert peers.output_figures(f, q)["rel_mean_abs"] == pytest.approx(0.2 / 2.0)
+
+
+def test_identical_outputs():
+    f = np.arange(12.0).reshape(3, 4)
+    got = peers.output_figures(f, f.copy())
+    assert got["cosine"] == pytest.approx(1.0) and got["sqnr_db"] == float("inf") and got["rel_mean_abs"] == 0.0
+
+
+def test_top1_agreement_counts_images_with_the_same_top_class():
+    fp = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7], [0.5, 0.4]])
+    q = np.array([[0.8, 0.2], [0.6, 0.4], [0.4, 0.6], [0.1, 0.9], [0.7, 0.1]])  # images 1 and 2 differ
+    assert peers.top1_agreement(fp, q) == pytest.approx(3 / 5)
+    got = peers.figures({"p": fp}, {"p": q}, classifier=True)["p"]
+    assert got["top1_agreement"] == pytest.approx(3 / 5) and "cosine" in got
+    assert "top1_agreement" not in peers.figures({"p": fp}, {"p": q}, classifier=False)["p"]
+
+
+def test_set_values_are_toml_and_reach_the_project():
+    sets = [peers.parse_set('quantization.recover="auto"'), peers.parse_set("quantization.max_fallback=1"),
+            peers.parse_set('quantization.skip=["a", "b"]'), peers.parse_set("calibration.method=minmax")]
+    assert sets == [("quantization", "recover", "auto"), ("quantization", "max_fallback", 1),
+                    ("quantization", "skip", ["a", "b"]), ("calibration", "method", "minmax")]
+    conf = tomllib.loads(peers.project_toml("m", peers.MODELS["ppocr_cls"], sets, calib=5))
+    assert conf["quantization"] == {"fallback": "off", "recover": "auto", "max_fallback": 1, "skip": ["a", "b"]}
+    assert conf["calibration"]["method"] == "minmax" and conf["calibration"]["count"] == 5
+    assert conf["normalization"]["mean"] == peers.HALF[0]
+    with pytest.raises(SystemExit, match="section.key=value"):
+        peers.parse_set("recover=auto")
+
+
+def _opset11_convs(path):
+    """Conv -> Relu -> Conv at opset 11, the second node unnamed."""
+    w1 = numpy_helper.from_array(np.ones((4, 3, 1, 1), np.float32), "w1")
+    w2 = numpy_helper.from_array(np.ones((2, 4, 1, 1), np.float32), "w2")
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w1"], ["a"], name="first"),
+                           helper.make_node("Relu", ["a"], ["b"]),
+                           helper.make_node("Conv", ["b", "w2"], ["y"], name="second")], "g",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 4, 4])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2, 4, 4])], [w1, w2])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)]), str(path))
+
+
+def test_ir_nodes_are_found_by_position_in_the_converted_file(tmp_path):
+    _opset11_convs(tmp_path / "m.onnx")
+    src, opset = peers.at_opset(tmp_path / "m.onnx", tmp_path / "m13.onnx")
+    assert opset == 11 and src == tmp_path / "m13.onnx"
+    assert onnx.load(str(src)).opset_import[0].version == peers.NNCF_OPSET
+    # the IR names ONNX node k "v<k>" (and a second IR node of it "v<k>_bias"); v9 is not in the file
+    assert peers.onnx_node_names(tmp_path / "m.onnx", src, ["v2", "v0_bias", "v9"]) == ["second", "first"]
+    again = version_converter.convert_version(onnx.load(str(src)), peers.NNCF_OPSET)
+    assert [n.name for n in again.graph.node if n.op_type == "Conv"] == ["first", "second"]
+
+
+def test_a_model_at_opset_13_or_later_is_used_as_it_is(tmp_path):
+    _opset11_convs(tmp_path / "m.onnx")
+    m = onnx.load(str(tmp_path / "m.onnx"))
+    m.opset_import[0].version = 13
+    onnx.save(m, str(tmp_path / "m13.onnx"))
+    assert peers.at_opset(tmp_path / "m13.onnx", tmp_path / "out.onnx") == (tmp_path / "m13.onnx", 13)
+    assert not (tmp_path / "out.onnx").exists()
+
+
+@pytest.mark.parametrize("kind", synth.KINDS)
+def test_images_are_seeded_and_at_the_size_asked(kind, tmp_path):
+    a = synth.draw(kind, 48, 64, np.random.default_rng(7))
+    b = synth.draw(kind, 48, 64, np.random.default_rng(7))
+    c = synth.draw(kind, 48, 64, np.random.default_rng(8))
+    assert a.shape == (48, 64, 3) and a.dtype == np.uint8
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_static_shapes_fix_the_input_and_infer_the_values(tmp_path):
+    _opset11_convs(tmp_path / "m.onnx")
+    m = onnx.load(str(tmp_path / "m.onnx"))
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"   # a dynamic batch, as exporters write it
+    onnx.save(m, str(tmp_path / "dyn.onnx"))
+    out = peers.with_static_shapes(tmp_path / "dyn.onnx", tmp_path / "s.onnx", [1, 3, 4, 4])
+    g = onnx.load(str(out)).graph
+    assert [d.dim_value for d in g.input[0].type.tensor_type.shape.dim] == [1, 3, 4, 4]
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in g.value_info}
+    assert shapes["a"] == [1, 4, 4, 4] and shapes["b"] == [1, 4, 4, 4]
+
+
+def test_cached_outputs_are_read_back_under_the_same_key_only(tmp_path):
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"a/b": np.arange(3.0) + len(calls)}
+
+    first = peers.cached(tmp_path / "c.npz", "k1", compute)
+    again = peers.cached(tmp_path / "c.npz", "k1", compute)
+    other = peers.cached(tmp_path / "c.npz", "k2", compute)
+    assert len(calls) == 2 and np.array_equal(first["a/b"], again["a/b"])
+    assert np.array_equal(other["a/b"], np.arange(3.0) + 2)
+
+
+def test_top1_agreement_of_a_sequence_output_is_per_time_step():
+    rng = np.random.default_rng(3)
+    fp = rng.random((2, 5, 7))
+    q = fp.copy()
+    q[0, 1] = fp[0, 1][::-1]                 # one step's scores reversed: its top symbol changes
+    expected = np.mean([[np.argmax(fp[i, t]) == np.argmax(q[i, t]) for t in range(5)] for i in range(2)])
+    assert peers.top1_agreement(fp, q) == pytest.approx(expected) == pytest.approx(9 / 10)
+
+
+def test_parts_are_measured_on_their_elements_alone():
+    rng = np.random.default_rng(4)
+    fp = {"out": rng.normal(size=(3, 6, 10))}
+    q = {"out": fp["out"] + rng.normal(0, 0.1, (3, 6, 10))}
+    got = peers.figures(fp, q, False, (("out", "boxes", 1, 0, 4), ("out", "scores", 1, 4, 6)))
+    assert set(got) == {"out", "out boxes", "out scores"}
+    assert got["out scores"] == peers.output_figures(fp["out"][:, 4:6], q["out"][:, 4:6])
+    assert got["out boxes"] == peers.output_figures(fp["out"][:, :4], q["out"][:, :4])
