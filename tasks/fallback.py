@@ -1,4 +1,4 @@
-"""fallback: the INT8 parameters the build uses: as calibrated (``quantization.fallback = "off"``), or with
+"""fallback: the INT8 parameters the build uses: as calibrated and recovered (``quantization.fallback = "off"``), or with
 "auto" those left once the most sensitive ops were rolled back to float16 until the gate's check passes on the
 tuning images (or ``max_fallback`` ops are in float); each next op the most sensitive on what the last check
 failed (the outputs gate: the outputs below the limit).
@@ -84,14 +84,14 @@ def focus_ranking(sensitivity: dict, m, names: dict | None):
     return rerank
 
 
-def fallback_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, aipp_dir: Path | None,
+def fallback_stage(cfg, kdir: Path, recover_dir: Path, graph_dir: Path, aipp_dir: Path | None,
                    sensitivity: dict | None) -> dict:
     from quantflow.evaluation.metrics import metric
     from quantflow.quantization.fallback import roll_back
     from quantflow.quantization.passes import fold_for_quantization
 
     kdir, q = Path(kdir), cfg.quantization
-    qp = QuantParams.load(calibrate_dir)
+    qp = QuantParams.load(recover_dir)
     if q.fallback == "off":
         result = {"mode": "off", "steps": [], "float_ops": []}
     else:
@@ -122,7 +122,7 @@ def _auto(cfg) -> bool:
 
 def _run(b) -> None:
     c = b.cfg
-    result = fallback_stage(c, b.dir("fallback"), b.dir("calibrate"), b.dir("graph"),
+    result = fallback_stage(c, b.dir("fallback"), b.dir("recover"), b.dir("graph"),
                             b.dir("aipp") if _auto(c) else None, sensitivity.ensure(b) if _auto(c) else None)
     if result["mode"] == "off":
         print("quantization.fallback = off: every calibrated op stays INT8")
@@ -192,6 +192,6 @@ def _summary(b) -> dict:
 STAGE = Stage(
     name="fallback", doc='the INT8 parameters used: as calibrated, or (fallback = "auto") the most sensitive ops in '
                          'float16, tuned on images the gate does not judge',
-    run=_run, needs=lambda cfg: ("graph", "calibrate") + (("aipp", sensitivity.NAME) if _auto(cfg) else ()),
+    run=_run, needs=lambda cfg: ("graph", "calibrate", "recover") + (("aipp", sensitivity.NAME) if _auto(cfg) else ()),
     key_inputs=_key_inputs,
     outputs=(QPARAMS_JSON, QPARAMS_NPZ, FALLBACK_JSON), summary=_summary)
