@@ -162,7 +162,8 @@ class QuantizationSection(_Section):
                                     "(fallback = 'auto') output-aware ranges and learned rounding when the check on "
                                     "the tuning images fails; off; or a list of methods, run in order")
     recovery_images: int = Field(default=32, gt=0, description="calibration images the recovery measures and learns on")
-    recovery_iterations: int = Field(default=200, gt=0, description="adaround: optimizer steps per layer")
+    recovery_iterations: int = Field(default=3, gt=0,
+                                     description="adaround: coordinate-descent passes over each layer's weights, at most")
 
     @field_validator("recover")
     @classmethod

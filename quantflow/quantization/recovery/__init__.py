@@ -31,7 +31,7 @@ class Context:
     graph: Graph                                   # the BatchNorm-folded network, as the graph stage read it
     inputs: list[np.ndarray]                       # calibration batches (float, the training preprocessing)
     recalibrate: Callable[[QuantParams], QuantParams]   # the calibration again, on qparams' float weights
-    iterations: int = 200                          # adaround: optimizer steps per layer
+    iterations: int = 3                            # adaround: coordinate-descent passes per layer, at most
     positions: int = 2048                          # adaround / ranges: output positions sampled per layer
 
 
@@ -68,6 +68,8 @@ def _adaround(ctx: Context, qp: QuantParams) -> tuple[QuantParams, dict]:
 
 METHODS: dict[str, RecoveryMethod] = {m.name: m for m in (
     RecoveryMethod("equalize", True, _equalize, "cross-layer equalization (exact on FP32), then calibration again"),
+    RecoveryMethod("ranges", False, _ranges, "each op's input clip chosen by the error at its output"),
+    RecoveryMethod("adaround", False, _adaround, "learned weight rounding per layer, then bias correction"),
 )}
 CHEAP = tuple(m.name for m in METHODS.values() if m.cheap)
 COSTLY = tuple(m.name for m in METHODS.values() if not m.cheap)
