@@ -21,6 +21,7 @@ from .aipp import read_params
 from .calibrate import load_histograms
 from .fallback import FALLBACK_JSON, evaluation_inputs, tuning_and_gate_sets
 from .inputs import output_names, read_graph
+from .recover import read as read_recovery
 from .stage import Stage
 
 REPORT_JSON, REPORT_TXT, REPORT_HTML = "accuracy_report.json", "accuracy_report.txt", "report.html"
@@ -28,7 +29,7 @@ ADVICE_LAYERS = 5   # the most sensitive layers a failing gate names
 
 
 def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_dir: Path, aipp_dir: Path,
-               sensitivity) -> dict:
+               sensitivity, recover_dir: Path | None = None) -> dict:
     """The verdict, its reports, and on a failure an AccuracyGateError naming the layers to try.
     ``sensitivity(run)``: the per-layer analysis, or None where it has not run; with ``run`` true it is run first
     where it has not (a failing gate's message and report name the most sensitive layers)."""
@@ -64,7 +65,8 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
         print(f"gate: {failure}")
     layers = sensitivity(bool(failure))
     html.write(kdir / REPORT_HTML, f"quantflow build report: {cfg.model.entry or cfg.model.mindir or cfg.model.onnx}",
-               report, layers, load_histograms(calibrate_dir, QuantParams.load(calibrate_dir)), fallback)
+               report, layers, load_histograms(calibrate_dir, QuantParams.load(calibrate_dir)), fallback,
+               read_recovery(recover_dir) if recover_dir else None)
     print(f"build report: {kdir / REPORT_HTML}")
     if failure:
         raise AccuracyGateError(f"{failure}{_advice(layers, qp, cfg)} (report: {kdir / REPORT_HTML})")
@@ -129,6 +131,7 @@ def _summary(b) -> dict:
 STAGE = Stage(
     name="gate", doc="INT8 emulation vs FP32 on held-out images; fails beyond the evaluation limits",
     run=lambda b: gate_stage(b.cfg, b.dir("gate"), b.dir("graph"), b.dir("calibrate"), b.dir("fallback"),
-                             b.dir("aipp"), lambda run=False: analysis.ensure(b) if run else analysis.read(b)),
-    needs=("graph", "calibrate", analysis.NAME, "fallback", "aipp"), key_inputs=_key_inputs,
+                             b.dir("aipp"), lambda run=False: analysis.ensure(b) if run else analysis.read(b),
+                             b.dir("recover")),
+    needs=("graph", "calibrate", "recover", analysis.NAME, "fallback", "aipp"), key_inputs=_key_inputs,
     outputs=(REPORT_JSON, REPORT_TXT, REPORT_HTML), summary=_summary)

@@ -180,3 +180,35 @@ def test_learned_rounding_lowers_a_layers_output_error():
         got = Emulator(quantized_graph(g, params)).logits(x.astype(np.float16))
         return float(((ref - got) ** 2).mean())
     assert error(new) < 0.97 * error(qp)
+
+
+def test_the_stage_is_keyed_on_its_setting_and_the_calibration_is_not(tmp_path):
+    import tomllib
+    from pathlib import Path
+
+    from quantflow.config import config_from_dict
+    from quantflow.errors import ConfigError
+    from quantflow.pipeline.build import Build
+
+    base = tomllib.loads((Path(__file__).resolve().parents[1] / "quantflow.toml").read_text())
+
+    def keys(**q):
+        d = {**base, "quantization": {**base.get("quantization", {}), **q}}
+        b = Build(config_from_dict(d, root=tmp_path))
+        return b._key("calibrate")[0], b._key("recover")[0]
+    auto, off, listed = keys(), keys(recover="off"), keys(recover=["equalize", "adaround"])
+    assert auto[0] == off[0] == listed[0]                    # one calibration for every recovery setting
+    assert len({auto[1], off[1], listed[1]}) == 3
+    with pytest.raises((ConfigError, ValueError), match="quantization.recover|unknown recovery method"):
+        config_from_dict({**base, "quantization": {"recover": ["equalise"]}}, root=tmp_path)
+
+
+def test_the_report_section_shows_every_layer_before_and_after(tmp_path):
+    from quantflow.report.recovery import section
+
+    _, _, _, record = _recovered()
+    html = section(record)
+    assert 'id="recovery"' in html and "equalize" in html and "SiLU" in html   # the chain left alone, and why
+    for node in ("c1", "c2", "c5"):
+        assert f"{record['before'][node]:.1f}" in html and f"{record['steps'][0]['after'][node]:.1f}" in html
+    assert "is off" in section({"mode": "off", "steps": []})

@@ -3,7 +3,7 @@
 Sections (each an element with the id given): ``verdict`` (with the fallback's tuning figure beside the gate's
 when the automatic fallback ran), ``per-class`` (top-1; ``per-output`` for the outputs metric and the task
 metrics, ``quantflow.evaluation``), ``sensitivity``, ``histograms`` (the worst layers' calibration histograms
-with the chosen clip), ``fallback``.  Layers are called by their short names (``qparams.short_names``: unique,
+with the chosen clip), ``recovery`` (``report.recovery``), ``fallback``.  Layers are called by their short names (``qparams.short_names``: unique,
 the block indices kept) in the charts and tables, with the full layer scope beside them in the tables and as
 the tooltip.
 """
@@ -19,6 +19,7 @@ from ..evaluation.metrics import metric
 from ..io.atomic import write_text
 from ..quantization.qparams import short_names
 from . import plots
+from .recovery import section as recovery_section
 
 WORST_LAYERS = 5
 
@@ -60,7 +61,8 @@ def _by_clipping(histograms: dict) -> list[str]:
     return sorted(histograms, key=lambda n: (-clipped(histograms[n]), n))
 
 
-def render(title: str, gate: dict, sensitivity: dict | None, histograms: dict, fallback: dict | None) -> str:
+def render(title: str, gate: dict, sensitivity: dict | None, histograms: dict, fallback: dict | None,
+           recovery: dict | None = None) -> str:
     """``gate``: the accuracy report; ``sensitivity``: ``Sensitivity.as_dict()``, or None where the per-layer
     analysis did not run (the histograms shown are then those of the layers that clip the most); ``histograms``:
     node -> {"scope", "hist", "lo", "hi", "clip"} (may be empty: minmax collects none);
@@ -126,6 +128,7 @@ def render(title: str, gate: dict, sensitivity: dict | None, histograms: dict, f
                  f"float16:</p>{note}" + (_table(["layer", "op", "why"], [[x["layer"], x["op"], x["reason"]]
                                                                          for x in layers]) if layers else ""))
     parts.append("</section>")
+    parts.append(recovery_section(recovery))
     parts.append('<section id="fallback"><h2>Float16 fallback</h2>')
     steps = (fallback or {}).get("steps", [])
     if not steps or (fallback or {}).get("mode") == "off":
@@ -147,5 +150,6 @@ def render(title: str, gate: dict, sensitivity: dict | None, histograms: dict, f
             f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
 
 
-def write(path: Path, title: str, gate: dict, sensitivity: dict | None, histograms: dict, fallback: dict | None) -> Path:
-    return write_text(path, render(title, gate, sensitivity, histograms, fallback))
+def write(path: Path, title: str, gate: dict, sensitivity: dict | None, histograms: dict, fallback: dict | None,
+          recovery: dict | None = None) -> Path:
+    return write_text(path, render(title, gate, sensitivity, histograms, fallback, recovery))
