@@ -16,7 +16,7 @@ def _db(v) -> str:
 def section(record: dict | None) -> str:
     """The section's HTML (an element with id ``recovery``); a sentence where the recovery was off or did not run."""
     out = ['<section id="recovery"><h2>Recovery</h2>']
-    if not record or record.get("mode") == "off" or "before" not in record:
+    if not record or record.get("mode") == "off":
         out.append("<p>quantization.recover is off: the calibrated parameters are used as they are.</p></section>")
         return "".join(out)
     steps = record["steps"]
@@ -36,6 +36,9 @@ def section(record: dict | None) -> str:
             if alone:
                 out.append("<p>Left alone: " + "; ".join(html.escape(f"{a['pair']} ({a['reason']})")
                                                          for a in alone) + ".</p>")
+    if not record.get("before"):
+        out.append("<p>No method changed the parameters.</p></section>")
+        return "".join(out)
     rows = layer_table(record)
     cols = ["before"] + [f"{i}:{s['method']}" for i, s in enumerate(steps)]
     short = short_names([r["scope"] for r in rows if r["node"] != NETWORK] or ["-"])

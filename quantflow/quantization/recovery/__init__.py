@@ -79,17 +79,22 @@ def recover(ctx: Context, qp: QuantParams, methods, guard: bool = False,
             record: dict | None = None) -> tuple[QuantParams, dict]:
     """(the recovered parameters, the record): ``methods`` (names in ``METHODS``) run in order on ``qp``.  The
     record holds per method what it did and every INT8 op's output SQNR (dB, all ops in INT8) before and after,
-    and the network's; ``guard``: a method that lowers the network's output SQNR is undone (``kept`` false).
+    and the network's (none where no method changed anything: then no emulation runs); ``guard``: a method that
+    lowers the network's output SQNR is undone (``kept`` false).
     ``record``: an earlier record to continue (its last measurement is this ``qp``'s)."""
     record = record or {"layers": {q.node: {"scope": q.scope} for q in qp.ops}, "steps": []}
-    if "before" not in record:
-        record["before"] = _measure(ctx, qp)
-    current = _last(record)
     for name in methods:
         with progress(1, f"recovery: {name}") as bar:
             new, notes = METHODS[name].run(ctx, qp)
+            if new is qp:   # nothing to do (e.g. no pair to equalize): no emulation runs, a model costs as before
+                record["steps"].append({"method": name, "kept": True, "notes": notes, "after": {}, "changed": False})
+                bar.update(1)
+                continue
+            if not record.get("before"):
+                record["before"] = _measure(ctx, qp)
             after = _measure(ctx, new)
             bar.update(1)
+        current = _last(record)
         kept = not guard or after[NETWORK] >= current[NETWORK]
         record["steps"].append({"method": name, "kept": kept, "notes": notes, "after": after})
         for q in qp.ops:
@@ -100,7 +105,7 @@ def recover(ctx: Context, qp: QuantParams, methods, guard: bool = False,
 
 
 def _last(record: dict) -> dict:
-    kept = [s["after"] for s in record["steps"] if s["kept"]]
+    kept = [s["after"] for s in record["steps"] if s["kept"] and s["after"]]
     return kept[-1] if kept else record["before"]
 
 
@@ -114,6 +119,6 @@ def layer_table(record: dict) -> list[dict]:
     steps = record["steps"]
     rows = []
     for node, info in list(record["layers"].items()) + [(NETWORK, {"scope": NETWORK})]:
-        rows.append({"node": node, "scope": info["scope"], "before": record["before"].get(node),
+        rows.append({"node": node, "scope": info["scope"], "before": record.get("before", {}).get(node),
                      **{f"{i}:{s['method']}": s["after"].get(node) for i, s in enumerate(steps)}})
     return rows
