@@ -29,17 +29,18 @@ def round_layer(x: np.ndarray, target: np.ndarray, w: np.ndarray, scale: np.ndar
     """(the rounding, loss before, loss after): ``x`` (P, g, K) dequantized inputs, ``target`` (P, g, O) FP32
     outputs less the bias, ``w`` (g, O, K) float weights, ``scale`` (g, O) scale_w, ``q0`` (g, O, K) the nearest
     rounding.  Each weight ends rounded down or up from w / scale."""
-    x64 = x.astype(np.float64)
-    gram = np.einsum("pgk,pgl->gkl", x64, x64)                              # (g, K, K)
-    xt = np.einsum("pgk,pgo->gko", x64, target / scale[None].astype(np.float64))   # (g, K, O)
+    xg = np.ascontiguousarray(np.transpose(x, (1, 2, 0)), dtype=np.float32)           # (g, K, P)
+    gram = np.matmul(xg, np.transpose(xg, (0, 2, 1))).astype(np.float64)               # (g, K, K), BLAS
+    tg = np.transpose((target / scale[None]).astype(np.float32), (1, 0, 2))            # (g, P, O)
+    xt = np.matmul(xg, tg).astype(np.float64)                                          # (g, K, O)
     ratio = np.transpose(w / scale[:, :, None], (0, 2, 1)).astype(np.float64)     # (g, K, O)
     lo = np.clip(np.floor(ratio), -127, 127)
     hi = np.clip(lo + 1, -127, 127)
     q = np.transpose(q0, (0, 2, 1)).astype(np.float64)                        # (g, K, O)
-    r = np.einsum("gkl,glo->gko", gram, q) - xt                              # half the gradient
+    r = np.matmul(gram, q) - xt                                              # half the gradient
 
     def loss() -> float:
-        return float(np.einsum("gko,gko->", q, np.einsum("gkl,glo->gko", gram, q) - 2 * xt))
+        return float(np.sum(q * (np.matmul(gram, q) - 2 * xt)))
 
     before = loss()
     k_all = q.shape[1]
@@ -63,7 +64,7 @@ def round_layer(x: np.ndarray, target: np.ndarray, w: np.ndarray, scale: np.ndar
                 d[:, j, :] = step
                 rb += gbb[:, :, j][:, :, None] * step[:, None, :]
             if d.any():
-                r += np.einsum("gkb,gbo->gko", gram[:, :, blk], d)
+                r += np.matmul(gram[:, :, blk], d)
         if flips == 0:
             break
     return np.transpose(q, (0, 2, 1)), before, loss()
@@ -85,7 +86,8 @@ def adaround(ctx, qp):
             rounded, before, after = round_layer(xq, target, d.weight, scale, q0, ctx.iterations)
             rounded = rounded.astype(np.int8)
             # bias correction: the mean error left on the windows, per output channel
-            y = np.einsum("pgk,gok->pgo", xq.astype(np.float64), rounded.astype(np.float64)) * scale[None]
+            y = np.transpose(np.matmul(np.transpose(xq, (1, 0, 2)), np.transpose(rounded, (0, 2, 1)).astype(np.float32)),
+                             (1, 0, 2)).astype(np.float64) * scale[None]
             shift = (target.astype(np.float64) - y).mean(axis=0).reshape(-1)
             step = q.scale_d * np.asarray(q.scale_w, np.float64)
             limits = np.iinfo(np.int32)
