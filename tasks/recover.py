@@ -4,8 +4,9 @@ op, its output SQNR with all ops in INT8, before recovery and after each method)
 
 ``quantization.recover``:
 
-- ``"auto"``: the cheap methods (cross-layer equalization) in every build, each kept only where it raises the
-  network's output SQNR on the first ``quantization.recovery_images`` calibration images; with
+- ``"auto"``: the cheap methods in every build (cross-layer equalization of the tensors whose median channel range
+  is below 1/32 of the widest), each kept only where it raises the network's output SQNR on the first
+  ``quantization.recovery_images`` calibration images; with
   ``quantization.fallback = "auto"``, the costly ones (output-aware ranges, learned rounding) too when the gate's
   check on the fallback's tuning images fails, before the fallback rolls any layer back.  With ``fallback = "off"``
   there are no tuning images (the gate's must not be tuned on): the cheap methods only;
@@ -64,8 +65,8 @@ def recover_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, calibra
             new = correct_bias(new, analyse(g, new, sample, bias_shift=True, engine=cfg.engine).bias_shift)
         return new
 
-    ctx = Context(graph, inputs, recalibrate, q.recovery_iterations)
     auto = q.recover == "auto"
+    ctx = Context(graph, inputs, recalibrate, q.recovery_iterations, auto=auto)
     print(f"recovery ({'auto: ' + ', '.join(CHEAP) if auto else ', '.join(q.recover)}) on {len(calibration_paths[:q.recovery_images])} "
           f"calibration images")
     qp, record = recover(ctx, qp, CHEAP if auto else q.recover, guard=auto)

@@ -33,6 +33,7 @@ class Context:
     recalibrate: Callable[[QuantParams], QuantParams]   # the calibration again, on qparams' float weights
     iterations: int = 3                            # adaround: coordinate-descent passes per layer, at most
     positions: int = 2048                          # adaround / ranges: output positions sampled per layer
+    auto: bool = False                             # "auto": equalize only the tensors INT8 starves (equalize.py)
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class RecoveryMethod:
 def _equalize(ctx: Context, qp: QuantParams) -> tuple[QuantParams, dict]:
     from .equalize import equalize
 
-    weights, pairs, alone = equalize(qp.apply(ctx.graph), {q.node for q in qp.ops}, ctx.inputs)
+    weights, pairs, alone = equalize(qp.apply(ctx.graph), {q.node for q in qp.ops}, ctx.inputs, ctx.auto)
     if not weights:
         return qp, {"pairs": [], "left_alone": alone}
     merged = {**qp.float_weights}

@@ -31,6 +31,10 @@ EQUIVARIANT = ("ReLU", "PReLU")            # f(s y) = s f(y) for every s > 0
 NOT_EQUIVARIANT = ("ReLU6", "SiLU", "HSwish", "HSigmoid", "GeLU", "Sigmoid", "Tanh", "Softplus", "HardSigmoid")
 RELU6_MAX = 6.0
 SCALE_LIMIT = 4096.0                       # no channel is rescaled more than this either way
+# "auto" equalizes only a tensor whose median channel range is below this fraction of its widest channel's (that
+# median channel gets fewer than 3 of the 8 bits): cheap to find (one float pass), and it spares the calibration
+# again and the measurements a network whose channels already share one scale well
+AUTO_MEDIAN_RANGE = 1.0 / 32
 MIN_SPREAD = 1.05                          # a pair whose scales are all within 5% of each other is left as it is
 
 
@@ -141,9 +145,11 @@ def scales(pair: Pair, w1: np.ndarray, b1: np.ndarray | None, w2: np.ndarray, r1
     return s
 
 
-def equalize(g: Graph, int8: set[str], inputs: list[np.ndarray]) -> tuple[dict, list[dict], list[dict]]:
+def equalize(g: Graph, int8: set[str], inputs: list[np.ndarray],
+             only_starved: bool = False) -> tuple[dict, list[dict], list[dict]]:
     """(node -> {"weight", "bias"}: the rescaled float weights, one record per equalized pair, the chains left
-    alone) for the folded graph ``g`` (with any earlier recovered weights in place)."""
+    alone) for the folded graph ``g`` (with any earlier recovered weights in place).  ``only_starved`` ("auto"):
+    only the pairs whose tensor's median channel range is below ``AUTO_MEDIAN_RANGE`` of its widest."""
     pairs, alone = find_pairs(g, int8)
     ranges = channel_ranges(g, [p.tensor for p in pairs], inputs)
     weights: dict[str, dict[str, np.ndarray]] = {}
@@ -161,6 +167,12 @@ def equalize(g: Graph, int8: set[str], inputs: list[np.ndarray]) -> tuple[dict, 
         group2 = int(p.l2.attrs.get("group", 1))
         s = scales(p, one["weight"], one.get("bias"), two["weight"], ranges[p.tensor], group2)
         r1 = ranges[p.tensor]
+        live = r1 > 0
+        median = float(np.median(r1[live]) / r1.max()) if live.any() else 1.0
+        if only_starved and median >= AUTO_MEDIAN_RANGE:
+            alone.append({"pair": p.describe(), "l2": p.l2.name, "reason": "already balanced",
+                          "median_channel_range": median})
+            continue
         if s.max() / s.min() < MIN_SPREAD:
             alone.append({"pair": p.describe(), "l2": p.l2.name, "reason": "already balanced"})
             continue
@@ -170,7 +182,6 @@ def equalize(g: Graph, int8: set[str], inputs: list[np.ndarray]) -> tuple[dict, 
         cpg, cout2 = two["weight"].shape[1], two["weight"].shape[0]
         per = s.reshape(group2, cpg)[np.arange(cout2) // (cout2 // group2)]   # (Cout2, cpg): the scale of each column
         two["weight"] = two["weight"] / per[:, :, None, None]
-        live = r1 > 0
         done.append({"pair": p.describe(), "l1": p.l1.name, "l2": p.l2.name,
                      "activation": p.act.op if p.act else "identity",
                      "scale_min": float(s.min()), "scale_max": float(s.max()),
