@@ -104,6 +104,9 @@ def _advice(sensitivity: dict, qp, cfg) -> str:
         tries.append('quantization.fallback = "auto" (rolls the most sensitive layers back to float16)')
     else:
         tries.append(f"a larger quantization.max_fallback (now {cfg.quantization.max_fallback})")
+    if isinstance(cfg.quantization.recover, str):
+        tries.append('quantization.recover = ["equalize", "ranges", "adaround"] (every recovery method, before any '
+                     'fallback)')
     if cfg.calibration.method != "mse":
         tries.append('calibration.method = "mse"')
     tries.append("quantization.skip = [<layer>] for a layer above")
