@@ -212,3 +212,25 @@ def test_the_report_section_shows_every_layer_before_and_after(tmp_path):
     for node in ("c1", "c2", "c5"):
         assert f"{record['before'][node]:.1f}" in html and f"{record['steps'][0]['after'][node]:.1f}" in html
     assert "is off" in section({"mode": "off", "steps": []})
+
+
+def test_auto_leaves_a_network_with_no_starved_tensor_as_it_is():
+    """The chain net without its imbalance: "auto" finds no tensor INT8 starves, returns the very parameters it was
+    given and measures nothing (no calibration or emulation run); a list equalizes the exact pairs all the same."""
+    g = chain_net()
+    balanced = QuantParams("minmax", [], float_weights={
+        "c1": {"weight": g.initializers["c1.w"] * np.where(np.arange(24) == 0, 1.0, NARROW)[:, None, None, None],
+               "bias": g.initializers["c1.b"] * np.where(np.arange(24) == 0, 1.0, NARROW)},
+        "c2": {"weight": g.initializers["c2.w"] / np.where(np.arange(24) == 0, 1.0, NARROW)[None, :, None, None]}})
+    g = balanced.apply(g)
+    calib = images(3)
+    qp = calibrate(g, calib, "minmax", rollback_small_channels=False)
+    calls = []
+
+    def recalibrate(r):
+        calls.append(r)
+        return calibrate(r.apply(g), calib, "minmax", rollback_small_channels=False)
+    same, record = recover(Context(g, calib, recalibrate, auto=True), qp, ["equalize"], guard=True)
+    assert same is qp and not calls and not record.get("before") and record["steps"][0]["after"] == {}
+    listed, _ = recover(Context(g, calib, recalibrate), qp, ["equalize"])
+    assert calls and listed.float_weights

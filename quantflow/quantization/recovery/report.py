@@ -13,6 +13,10 @@ def _db(v) -> str:
 
 def text_table(record: dict, top: int | None = None) -> str:
     """The record's table (``top``: the ops that gained most, and the network); what each method did below."""
+    if not record.get("before"):
+        return "recovery: no method changed the parameters" + "".join(
+            f"\n  {s['method']}: {len(s['notes'].get('pairs', []))} pair(s) to equalize" if s["method"] == "equalize"
+            else f"\n  {s['method']}: {s['notes'].get('summary', '')}" for s in record["steps"])
     rows = layer_table(record)
     cols = ["before"] + [f"{i}:{s['method']}" for i, s in enumerate(record["steps"])]
     heads = ["before"] + [s["method"] + ("" if s["kept"] else " (undone)") for s in record["steps"]]
