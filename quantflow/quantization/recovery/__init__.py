@@ -101,7 +101,7 @@ def recover(ctx: Context, qp: QuantParams, methods, guard: bool = False,
         for q in qp.ops:
             record["layers"].setdefault(q.node, {"scope": q.scope})
         if kept:
-            qp, current = new, after
+            qp = new
     return qp, record
 
 
