@@ -12,7 +12,7 @@ import math
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -158,6 +158,26 @@ class QuantizationSection(_Section):
         default="auto", description="when the per-layer analysis runs: auto: for fallback = 'auto' and for a failing "
                                     "gate (to name the layers to try); always: in every build, for the report")
     sensitivity_images: int = Field(default=32, gt=0, description="calibration images for the per-layer analysis")
+    recover: Union[Literal["auto", "off"], tuple[str, ...]] = Field(
+        default="auto", description="recovery before any fallback: auto: cross-layer equalization of starved tensors, and "
+                                    "(fallback = 'auto') output-aware ranges and learned rounding when the check on "
+                                    "the tuning images fails; off; or a list of methods, run in order")
+    recovery_images: int = Field(default=32, gt=0, description="calibration images the recovery measures and learns on")
+    recovery_iterations: int = Field(default=3, gt=0,
+                                     description="adaround: coordinate-descent passes over each layer's weights, at most")
+
+    @field_validator("recover")
+    @classmethod
+    def _recover(cls, v):
+        from .quantization.recovery import METHODS as RECOVERY
+        if isinstance(v, str):
+            return v
+        bad = [m for m in v if m not in RECOVERY]
+        if bad or not v:
+            raise ValueError(f"unknown recovery method(s) {', '.join(map(repr, bad))}; give 'auto', 'off' or a "
+                             f"list of {', '.join(map(repr, RECOVERY))}" if bad else
+                             "an empty list: give 'off' for no recovery")
+        return v
 
 
 class OutputPart(_Section):

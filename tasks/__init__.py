@@ -2,15 +2,16 @@
 artifact keys, ``quantflow list`` and the build summary are made from (``quantflow.pipeline``).  Adding a stage
 means adding a module with its ``STAGE`` (``stage.Stage``) and listing it here.
 
-    preflight -> train (with [train]) -> sample -> graph -> calibrate -> retrain (with [retrain])
-              -> sensitivity (when used) -> aipp -> fallback -> export -> atc
+    preflight -> train (with [train]) -> sample -> graph -> calibrate -> aipp -> recover -> retrain (with [retrain])
+              -> sensitivity (when used) -> fallback -> export -> atc
                           \\-> gate (runs the sensitivity analysis itself when it fails) -> summary
 """
 from __future__ import annotations
 
-from . import (aipp, atc, calibrate, export, fallback, gate, graph, preflight, retrain, sample, sensitivity, summary,
-               train)
+from . import (aipp, atc, calibrate, export, fallback, gate, graph, preflight, recover, retrain, sample, sensitivity,
+               summary, train)
 from .stage import Stage
 
 STAGES: dict[str, Stage] = {m.STAGE.name: m.STAGE for m in (
-    preflight, train, sample, graph, calibrate, retrain, sensitivity, aipp, fallback, export, atc, gate, summary)}
+    preflight, train, sample, graph, calibrate, aipp, recover, retrain, sensitivity, fallback, export, atc, gate,
+    summary)}

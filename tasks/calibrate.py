@@ -96,7 +96,8 @@ def _key_inputs(b) -> dict:
     # what decides the parameters: not when the analysis runs; without bias correction, not its images, nor how
     # the images are batched (the observers' ranges and histograms are the same for any batching)
     corrected = q["bias_correction"]
-    unused = ("fallback", "max_fallback", "sensitivity") + (() if corrected else ("sensitivity_images",))
+    unused = ("fallback", "max_fallback", "sensitivity", "recover", "recovery_images", "recovery_iterations") + (
+        () if corrected else ("sensitivity_images",))
     return {"calibration": {k: v for k, v in c["calibration"].items() if corrected or k != "batch_size"},
             "manifest": b.manifest_digest(), "normalization": c["normalization"],
             "quantization": {k: v for k, v in q.items() if k not in unused}}

@@ -1,8 +1,9 @@
-"""fallback: the INT8 parameters the build uses: as calibrated (``quantization.fallback = "off"``), or with
-"auto" those left once the most sensitive ops were rolled back to float16 until no figure of the gate's check
-FAILs on the tuning images -- an UNDECIDED one is within its bootstrap interval of the limit, noise, and stops the
-roll-back (``quantization.fallback.roll_back``) -- or ``max_fallback`` ops are in float; each next op the most
-sensitive on what the last check failed (the outputs gate: the outputs below the limit).
+"""fallback: the INT8 parameters the build uses: as calibrated, recovered and retrained
+(``quantization.fallback = "off"``), or with "auto" those left once the most sensitive ops were rolled back to
+float16 until no figure of the gate's check FAILs on the tuning images -- an UNDECIDED one is within its bootstrap
+interval of the limit, noise, and stops the roll-back (``quantization.fallback.roll_back``) -- or ``max_fallback``
+ops are in float; each next op the most sensitive on what the last check failed (the outputs gate: the outputs
+below the limit).
 
 The tuning images are never the gate's: ``evaluation.tune_dir`` when given (an image in it and in
 ``evaluation.data_dir`` is an error), else ``evaluation.tune_share`` of each class (or group) of
@@ -211,6 +212,7 @@ def _summary(b) -> dict:
 STAGE = Stage(
     name="fallback", doc='the INT8 parameters used: as calibrated, or (fallback = "auto") the most sensitive ops in '
                          'float16, tuned on images the gate does not judge',
-    run=_run, needs=lambda cfg: ("graph", "calibrate", "retrain") + (("aipp", sensitivity.NAME) if _auto(cfg) else ()),
+    run=_run, needs=lambda cfg: ("graph", "calibrate", "recover", "retrain") + (
+        ("aipp", sensitivity.NAME) if _auto(cfg) else ()),
     key_inputs=_key_inputs,
     outputs=(QPARAMS_JSON, QPARAMS_NPZ, FALLBACK_JSON), summary=_summary)

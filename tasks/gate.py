@@ -36,6 +36,7 @@ from .aipp import read_params
 from .calibrate import load_histograms
 from .fallback import FALLBACK_JSON, evaluation_inputs, focus, tuning_and_gate_sets
 from .inputs import output_names, read_graph
+from .recover import read as read_recovery
 from .stage import Stage
 
 GATE_FILES = (REPORT_JSON, REPORT_TXT, REPORT_HTML, REPORT_DRAWS, JUNIT_XML, SUMMARY_MD)
@@ -43,7 +44,7 @@ ADVICE_LAYERS = 5   # the most sensitive layers a failing gate names
 
 
 def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_dir: Path, aipp_dir: Path,
-               sensitivity, retrain_dir: Path | None = None) -> dict:
+               sensitivity, retrain_dir: Path | None = None, recover_dir: Path | None = None) -> dict:
     """The verdict, its reports, and on a failure an AccuracyGateError naming the layers to try.
     ``sensitivity(run)``: the per-layer analysis, or None where it has not run; with ``run`` true it is run first
     where it has not (a failing gate's message and report name the most sensitive layers)."""
@@ -96,7 +97,8 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
         layers = _focused(layers, m, output_names(cfg, graph), dict(report, failures=failing))
     html.write(kdir / REPORT_HTML, f"quantflow build report: {cfg.model.entry or cfg.model.mindir or cfg.model.onnx}",
                report, layers, load_histograms(calibrate_dir, QuantParams.load(calibrate_dir)), fallback,
-               retrain.read(retrain_dir) if retrain_dir else None)
+               retrain.read(retrain_dir) if retrain_dir else None,
+               read_recovery(recover_dir) if recover_dir else None)
     print(f"build report: {kdir / REPORT_HTML}")
     if failure:
         raise AccuracyGateError(f"{failure}{_advice(layers, qp, cfg)} (report: {kdir / REPORT_HTML})")
@@ -165,6 +167,9 @@ def _advice(sensitivity: dict, qp, cfg) -> str:
         tries.append('quantization.fallback = "auto" (rolls the most sensitive layers back to float16)')
     else:
         tries.append(f"a larger quantization.max_fallback (now {cfg.quantization.max_fallback})")
+    if isinstance(cfg.quantization.recover, str):
+        tries.append('quantization.recover = ["equalize", "ranges", "adaround"] (every recovery method, before any '
+                     'fallback)')
     if cfg.calibration.method != "mse":
         tries.append('calibration.method = "mse"')
     tries.append("quantization.skip = [<layer>] for a layer above")
@@ -209,6 +214,6 @@ STAGE = Stage(
     name="gate", doc="INT8 emulation vs FP32 on held-out images; fails beyond the evaluation limits",
     run=lambda b: gate_stage(b.cfg, b.dir("gate"), b.dir("graph"), b.dir("calibrate"), b.dir("fallback"),
                              b.dir("aipp"), lambda run=False: analysis.ensure(b) if run else analysis.read(b),
-                             b.dir("retrain") if b.cfg.retrain else None),
-    needs=("graph", "calibrate", "retrain", analysis.NAME, "fallback", "aipp"), key_inputs=_key_inputs,
+                             b.dir("retrain") if b.cfg.retrain else None, b.dir("recover")),
+    needs=("graph", "calibrate", "recover", "retrain", analysis.NAME, "fallback", "aipp"), key_inputs=_key_inputs,
     outputs=GATE_FILES, summary=_summary)

@@ -41,7 +41,7 @@ def output_names(cfg, graph) -> dict | None:
 
 # the stages that write the INT8 parameters (qparams), in build order: each reads the last one before it that the
 # configuration has, and the stages after them (the per-layer analysis, the fallback) read the last of all
-PARAMETER_STAGES = ("calibrate", "retrain")
+PARAMETER_STAGES = ("calibrate", "recover", "retrain")
 
 
 def parameters_stage(cfg, before: str | None = None) -> str:

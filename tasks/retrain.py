@@ -56,7 +56,8 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
 
     r, kdir = cfg.retrain, Path(kdir)
     qp = QuantParams.load(params_dir)
-    graph = fold_for_quantization(read_graph(cfg, graph_dir))
+    # the float network the parameters were made for: with recovery's equalized weights where it rescaled any
+    graph = qp.apply(fold_for_quantization(read_graph(cfg, graph_dir)))
     images = np.concatenate(list(image_batches(cfg, calibration_paths, cfg.calibration.batch_size)))
     loss = _loss(cfg, graph, images)
     before = emulated_loss(graph, qp, images, loss)
@@ -148,5 +149,5 @@ def _summary(b) -> dict:
 
 STAGE = Stage(
     name=NAME, doc="quantization-aware fine-tuning in the device's arithmetic, then requantized (only with [retrain])",
-    run=_run, needs=("sample", "graph", "calibrate"), key_inputs=_key_inputs, used=lambda cfg: cfg.retrain is not None,
+    run=_run, needs=("sample", "graph", "calibrate", "recover"), key_inputs=_key_inputs, used=lambda cfg: cfg.retrain is not None,
     outputs=(QPARAMS_JSON, QPARAMS_NPZ, RETRAIN_JSON, RETRAINED_CKPT), summary=_summary)

@@ -1,6 +1,6 @@
 """sensitivity: the per-layer error analysis (``sensitivity.json``, ``sensitivity.txt``): each INT8 op alone in INT8
 against FP32 on the first ``quantization.sensitivity_images`` calibration images
-(``quantflow.quantization.sensitivity``).
+(``quantflow.quantization.sensitivity``), on the recovered parameters (the ``recover`` stage's).
 
 Where the gate judges parts of outputs (``evaluation.parts``), each part is measured on its own too.
 
@@ -88,5 +88,5 @@ def _key_inputs(b) -> dict:
 
 STAGE = Stage(
     name=NAME, doc="per-layer analysis: each INT8 op alone in INT8 against FP32 (for fallback 'auto' or 'always')",
-    run=_run, needs=("sample", "graph", "calibrate", "retrain"), key_inputs=_key_inputs, used=used,
+    run=_run, needs=("sample", "graph", "calibrate", "recover", "retrain"), key_inputs=_key_inputs, used=used,
     outputs=(SENSITIVITY_JSON, SENSITIVITY_TXT))

@@ -108,7 +108,7 @@ def test_every_kill_point_is_a_real_write_of_the_build(reference):
     for text, _ in KILL_POINTS:
         assert any(text in w for w in writes), text
     stages = {w.split("/artifacts/")[1].split("/")[0] for w in writes if "/artifacts/" in w}
-    assert stages == {"graph", "calibrate", "sensitivity", "fallback", "export", "aipp", "atc", "gate"}
+    assert stages == {"graph", "calibrate", "recover", "sensitivity", "fallback", "export", "aipp", "atc", "gate"}
 
 
 def test_killed_at_every_point_the_next_doit_finishes_the_same_build(reference, tmp_path):

@@ -10,8 +10,9 @@ from support.project import run_doit, task_lines
 from quantflow import aipp_templates
 
 # the demo's tasks: no "sensitivity" (fallback off: only a failing gate runs the per-layer analysis)
-ALL = ["preflight", "train", "sample", "graph", "calibrate", "fallback", "export", "aipp", "atc", "gate", "summary"]
-KEYED = ["graph", "calibrate", "fallback", "export", "aipp", "atc", "gate"]
+ALL = ["preflight", "train", "sample", "graph", "calibrate", "recover", "fallback", "export", "aipp", "atc", "gate",
+       "summary"]
+KEYED = ["graph", "calibrate", "recover", "fallback", "export", "aipp", "atc", "gate"]
 
 
 def latest(project: Path) -> dict:
@@ -31,6 +32,7 @@ def test_first_run_executes_every_stage(built_demo):
     dirs = {stage: Path(d) for stage, d in s["artifacts"].items()}
     expected = {"graph": ["graph.json", "graph.onnx", "model.mindir"],
                 "calibrate": ["qparams.json", "qparams.npz", "calibration.txt", "histograms.npz"],
+                "recover": ["qparams.json", "qparams.npz", "recovery.json", "recovery.txt"],
                 "fallback": ["qparams.json", "qparams.npz", "fallback.json"],
                 "export": ["deploy.onnx", "deploy.mindir", "deploy_net.py", "record.txt", "model.mindir", "graph.onnx"],
                 "aipp": ["aipp.cfg", "aipp_check.json"], "atc": ["atc.json"],

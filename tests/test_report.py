@@ -20,7 +20,7 @@ from quantflow.report import plots
 from quantflow.report.html import WORST_LAYERS, render, write
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-SECTIONS = ["verdict", "per-class", "sensitivity", "histograms", "device", "fallback"]
+SECTIONS = ["verdict", "per-class", "sensitivity", "histograms", "device", "recovery", "fallback"]
 
 
 class Report(HTMLParser):

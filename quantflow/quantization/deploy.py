@@ -7,7 +7,8 @@
     Dequant(deq_scale: uint64 per channel, relu_flag)                            int32 -> float16
 
 so that one graph is what the emulator runs, what deploy.onnx and the deploy MindIR are written
-from, and what the MindIR front-end reads back from a deploy MindIR.
+from, and what the MindIR front-end reads back from a deploy MindIR.  The float weights the recovery rewrote
+(``QuantParams.float_weights``, e.g. cross-layer equalization) are put into the graph first.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .scheme import deq_scale_uint64, quant_scale
 
 
 def quantized_graph(graph: Graph, qparams: QuantParams) -> Graph:
+    graph = qparams.apply(graph)
     qmap = qparams.by_node()
     missing = [n for n in qmap if not any(x.name == n for x in graph.nodes)]
     if missing:

@@ -7,12 +7,19 @@ scale_d, offset_d, scale_w[], deq_scale[], fused ReLU, weight shape and channel 
 int8 weights, int32 biases and float32 deq_scale: everything a deploy graph needs.  A float16 entry (a
 convolution CANN would roll back, a layer in ``quantization.skip``, one the automatic fallback rolled back)
 names the op and why it stays a float16 op in the emulation and both deploy graphs.
+
+``recovered_float`` (in qparams.json, arrays ``float<i>.weight`` / ``float<i>.bias`` in qparams.npz) names the ops
+whose float weights the recovery rewrote in the folded graph (cross-layer equalization,
+``quantflow.quantization.recovery``): ``QuantParams.apply`` puts them into the graph, and ``deploy.quantized_graph``
+builds every deploy graph (the emulation's, deploy.onnx, the deploy MindIR) from that graph, so that a float16 op
+and the float network the INT8 ops were calibrated on are the recovered ones everywhere.
 """
 from __future__ import annotations
 
+import copy
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -106,13 +113,46 @@ class QuantParams:
     ops: list[QuantizedOp]                                    # INT8 on the device, in graph order
     float16: list[Float16Op] = field(default_factory=list)    # quantizable, left in float16
     order: list[str] = field(default_factory=list)            # every quantizable op's node, in graph order
+    # node -> {"weight": float32, "bias": float32}: the folded graph's float weights the recovery rewrote
+    float_weights: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
     def without(self, nodes, reason: str) -> "QuantParams":
         """These parameters with the INT8 ops of ``nodes`` left in float16 for ``reason``."""
         drop = set(nodes)
-        return QuantParams(self.method, [q for q in self.ops if q.node not in drop],
-                           self.float16 + [Float16Op(q.node, q.scope, q.op, q.input, reason)
-                                           for q in self.ops if q.node in drop], self.order)
+        return replace(self, ops=[q for q in self.ops if q.node not in drop],
+                       float16=self.float16 + [Float16Op(q.node, q.scope, q.op, q.input, reason)
+                                               for q in self.ops if q.node in drop])
+
+    def only(self, nodes) -> "QuantParams":
+        """These parameters with only the INT8 ops of ``nodes`` (the others as in the float graph), keeping the
+        recovered float weights."""
+        keep = set(nodes)
+        return replace(self, ops=[q for q in self.ops if q.node in keep], float16=[])
+
+    def apply(self, graph):
+        """The (BatchNorm-folded) ``graph`` with the recovered float weights (``float_weights``) in place: a new
+        graph; ``graph`` itself when there are none.  Applying twice gives the same graph."""
+        if not self.float_weights:
+            return graph
+        g = copy.copy(graph)
+        g.initializers, g.nodes = dict(graph.initializers), list(graph.nodes)
+        index = {n.name: i for i, n in enumerate(g.nodes)}
+        missing = [n for n in self.float_weights if n not in index]
+        if missing:
+            raise QuantflowError(f"recovered float weights name node(s) not in the graph: {', '.join(missing)}")
+        for node, arrays in self.float_weights.items():
+            n = copy.deepcopy(g.nodes[index[node]])
+            for slot, key in ((1, "weight"), (2, "bias")):
+                if key not in arrays:
+                    continue
+                name = f"{node}:recovered_{key}"
+                g.initializers[name] = np.asarray(arrays[key], np.float32)
+                if slot < len(n.inputs):
+                    n.inputs[slot] = name
+                else:
+                    n.inputs.append(name)
+            g.nodes[index[node]] = n
+        return g
 
     def entries(self) -> list[dict]:
         """qparams.json's entries: every quantizable op, in graph order (INT8 ops first where it is not known)."""
@@ -130,8 +170,15 @@ class QuantParams:
         arrays = {}  # numbered as the INT8 entries come in qparams.json
         for i, q in enumerate(by_node[e["node"]] for e in entries if e["device_precision"] == "int8"):
             arrays[f"{i}.weight"], arrays[f"{i}.bias"], arrays[f"{i}.deq_scale"] = q.weight, q.bias, q.deq_scale
+        recovered = []
+        for i, (node, fw) in enumerate(self.float_weights.items()):
+            recovered.append({"node": node, "arrays": sorted(fw)})
+            arrays.update({f"float{i}.{k}": v for k, v in fw.items()})
         save_npz(npz, arrays)  # the arrays first: a reader finding the json finds its arrays
-        write_json(js, {"scheme": "ascend-int8", "method": self.method, "ops": entries}, indent=1, sort_keys=False)
+        meta = {"scheme": "ascend-int8", "method": self.method, "ops": entries}
+        if recovered:
+            meta["recovered_float"] = recovered
+        write_json(js, meta, indent=1, sort_keys=False)
         return js, npz
 
     @classmethod
@@ -154,7 +201,9 @@ class QuantParams:
                 offset_d=h["offset_d"], scale_w=np.asarray(h["scale_w"], np.float64),
                 channel_axis=h["channel_axis"], weight=arrays[f"{i}.weight"], bias=arrays[f"{i}.bias"],
                 deq_scale=arrays[f"{i}.deq_scale"], relu=h["relu"], stats=h.get("stats", {})))
-        return cls(meta["method"], ops, float16, order)
+        float_weights = {r["node"]: {k: arrays[f"float{i}.{k}"] for k in r["arrays"]}
+                         for i, r in enumerate(meta.get("recovered_float", []))}
+        return cls(meta["method"], ops, float16, order, float_weights)
 
     def table(self) -> str:
         """One line per op: its short name (``short_names``), its parameters, and its full layer scope last."""

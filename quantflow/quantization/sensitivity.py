@@ -155,7 +155,7 @@ class Sensitivity:
 
 
 def _only(qparams: QuantParams, node: str) -> QuantParams:
-    return QuantParams(qparams.method, [q for q in qparams.ops if q.node == node])
+    return qparams.only([node])
 
 
 def _references(graph: Graph, qparams: QuantParams, inputs: list[np.ndarray]) -> list[dict[str, np.ndarray]]:
@@ -187,7 +187,7 @@ def _from_its_quant(graph: Graph, qparams: QuantParams, node: str) -> Graph:
 def _prefixes(graph: Graph, qparams: QuantParams, inputs: list[np.ndarray], nodes: list[str]) -> list[dict]:
     """Per batch, the float16 values (no op in INT8) of every tensor the runs of ``nodes`` start from."""
     starts = list(dict.fromkeys(i for node in nodes for i in _from_its_quant(graph, qparams, node).inputs))
-    no_int8 = Emulator(quantized_graph(graph, QuantParams(qparams.method, [])), extra_outputs=starts)
+    no_int8 = Emulator(quantized_graph(graph, qparams.only([])), extra_outputs=starts)
     # float16 holds them exactly (the emulation's values are float16 numbers): half the memory, no conversion per run
     return [{k: v.astype(np.float16) for k, v in no_int8.outputs(x.astype(np.float16), starts).items()} for x in inputs]
 
@@ -239,6 +239,7 @@ def analyse(graph: Graph, qparams: QuantParams, batches, bias_shift: bool = Fals
     one-op-at-a-time runs shard over ``engine`` (quantflow.engine.shard), with the same numbers."""
     from ..engine import shard
 
+    graph = qparams.apply(graph)  # the FP32 references of the ops' outputs: from the recovered float weights
     out_of = {n.name: n.outputs[0] for n in graph.nodes}
     op_outputs = [out_of[q.node] for q in qparams.ops]
     inputs = [np.asarray(x) for x in batches]

@@ -3,7 +3,7 @@
 Sections (each an element with the id given): ``verdict`` (with the fallback's tuning figure beside the gate's
 when the automatic fallback ran), ``per-class`` (top-1; ``per-output`` for the outputs metric and the task
 metrics, ``quantflow.evaluation``), ``sensitivity``, ``histograms`` (the worst layers' calibration histograms
-with the chosen clip), ``fallback``.  Layers are called by their short names (``qparams.short_names``: unique,
+with the chosen clip), ``recovery`` (``report.recovery``), ``fallback``.  Layers are called by their short names (``qparams.short_names``: unique,
 the block indices kept) in the charts and tables, with the full layer scope beside them in the tables and as
 the tooltip.
 """
@@ -23,6 +23,7 @@ from ..quantization.qparams import short_names
 from ..quantization.sensitivity import figure, focus_label
 from . import plots
 from .text import int8_ops
+from .recovery import section as recovery_section
 
 WORST_LAYERS = 5
 
@@ -79,7 +80,7 @@ def _by_clipping(histograms: dict) -> list[str]:
 
 
 def render(title: str, gate: dict, sensitivity: dict | None, histograms: dict, fallback: dict | None,
-           retrain: dict | None = None) -> str:
+           retrain: dict | None = None, recovery: dict | None = None) -> str:
     """``gate``: the accuracy report; ``sensitivity``: ``Sensitivity.as_dict()``, or None where the per-layer
     analysis did not run (the histograms shown are then those of the layers that clip the most); ``histograms``:
     node -> {"scope", "hist", "lo", "hi", "clip"} (may be empty: minmax collects none);
@@ -157,6 +158,7 @@ def render(title: str, gate: dict, sensitivity: dict | None, histograms: dict, f
                  f"float16:</p>{note}" + (_table(["layer", "op", "why"], [[x["layer"], x["op"], x["reason"]]
                                                                          for x in layers]) if layers else ""))
     parts.append("</section>")
+    parts.append(recovery_section(recovery))
     if retrain:  # retrain.json (quantflow.report.retrain)
         from .retrain import section
         parts.append(section(retrain))
@@ -182,5 +184,5 @@ def render(title: str, gate: dict, sensitivity: dict | None, histograms: dict, f
 
 
 def write(path: Path, title: str, gate: dict, sensitivity: dict | None, histograms: dict, fallback: dict | None,
-          retrain: dict | None = None) -> Path:
-    return write_text(path, render(title, gate, sensitivity, histograms, fallback, retrain))
+          retrain: dict | None = None, recovery: dict | None = None) -> Path:
+    return write_text(path, render(title, gate, sensitivity, histograms, fallback, retrain, recovery))

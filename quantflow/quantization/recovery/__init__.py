@@ -1,0 +1,125 @@
+"""Recovery: INT8 brought closer to FP32 before any layer is given up to float16, label-free, on calibration
+images, in the device's arithmetic.  One module per method, behind ``METHODS`` (as the range methods are):
+
+- ``equalize`` (``equalize.py``): cross-layer equalization, exact on the float network; the INT8 parameters are
+  then calibrated again on the rescaled network (its activations between the pairs changed);
+- ``ranges`` (``output_ranges.py``): each INT8 op's input clip chosen by the error at that op's output, with every
+  op upstream in INT8, among candidate clips;
+- ``adaround`` (``adaround.py``): each INT8 op's weight rounding (up or down on the device's per-channel grid)
+  learned to reproduce its FP32 output from its INT8 upstream inputs; then its bias corrected.
+
+``recover`` runs the methods asked for in order and measures, before and after each, every INT8 op's output
+(with all ops in INT8) and the network's outputs against FP32 (``measure``); with ``guard`` a method that lowers
+the network's output SQNR is undone.  Only ``QuantParams`` change: int8 weights, scales, biases, and the folded
+graph's float weights (``QuantParams.float_weights``) that every deploy graph is built from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+
+from ...ir import Graph
+from ...progress import progress
+from ..qparams import QuantParams
+from .measure import NETWORK, layer_sqnr, references
+
+
+@dataclass
+class Context:
+    graph: Graph                                   # the BatchNorm-folded network, as the graph stage read it
+    inputs: list[np.ndarray]                       # calibration batches (float, the training preprocessing)
+    recalibrate: Callable[[QuantParams], QuantParams]   # the calibration again, on qparams' float weights
+    iterations: int = 3                            # adaround: coordinate-descent passes per layer, at most
+    positions: int = 2048                          # adaround / ranges: output positions sampled per layer
+    auto: bool = False                             # "auto": equalize only the tensors INT8 starves (equalize.py)
+
+
+@dataclass(frozen=True)
+class RecoveryMethod:
+    name: str
+    cheap: bool                                    # "auto" runs it in every build (guarded)
+    run: Callable[[Context, QuantParams], tuple[QuantParams, dict]]   # -> (new parameters, what it did)
+    doc: str
+
+
+def _equalize(ctx: Context, qp: QuantParams) -> tuple[QuantParams, dict]:
+    from .equalize import equalize
+
+    weights, pairs, alone = equalize(qp.apply(ctx.graph), {q.node for q in qp.ops}, ctx.inputs, ctx.auto)
+    if not weights:
+        return qp, {"pairs": [], "left_alone": alone}
+    merged = {**qp.float_weights}
+    for node, w in weights.items():
+        merged[node] = {**merged.get(node, {}), **w}
+    out = ctx.recalibrate(replace(qp, float_weights=merged))
+    return replace(out, float_weights=merged), {"pairs": pairs, "left_alone": alone}
+
+
+def _ranges(ctx: Context, qp: QuantParams) -> tuple[QuantParams, dict]:
+    from .output_ranges import output_ranges
+    return output_ranges(ctx, qp)
+
+
+def _adaround(ctx: Context, qp: QuantParams) -> tuple[QuantParams, dict]:
+    from .adaround import adaround
+    return adaround(ctx, qp)
+
+
+METHODS: dict[str, RecoveryMethod] = {m.name: m for m in (
+    RecoveryMethod("equalize", True, _equalize, "cross-layer equalization (exact on FP32), then calibration again"),
+    RecoveryMethod("ranges", False, _ranges, "each op's input clip chosen by the error at its output"),
+    RecoveryMethod("adaround", False, _adaround, "learned weight rounding per layer, then bias correction"),
+)}
+CHEAP = tuple(m.name for m in METHODS.values() if m.cheap)
+COSTLY = tuple(m.name for m in METHODS.values() if not m.cheap)
+
+
+def recover(ctx: Context, qp: QuantParams, methods, guard: bool = False,
+            record: dict | None = None) -> tuple[QuantParams, dict]:
+    """(the recovered parameters, the record): ``methods`` (names in ``METHODS``) run in order on ``qp``.  The
+    record holds per method what it did and every INT8 op's output SQNR (dB, all ops in INT8) before and after,
+    and the network's (none where no method changed anything: then no emulation runs); ``guard``: a method that
+    lowers the network's output SQNR is undone (``kept`` false).
+    ``record``: an earlier record to continue (its last measurement is this ``qp``'s)."""
+    record = record or {"layers": {q.node: {"scope": q.scope} for q in qp.ops}, "steps": []}
+    for name in methods:
+        with progress(1, f"recovery: {name}") as bar:
+            new, notes = METHODS[name].run(ctx, qp)
+            if new is qp:   # nothing to do (e.g. no pair to equalize): no emulation runs, a model costs as before
+                record["steps"].append({"method": name, "kept": True, "notes": notes, "after": {}, "changed": False})
+                bar.update(1)
+                continue
+            if not record.get("before"):
+                record["before"] = _measure(ctx, qp)
+            after = _measure(ctx, new)
+            bar.update(1)
+        current = _last(record)
+        kept = not guard or after[NETWORK] >= current[NETWORK]
+        record["steps"].append({"method": name, "kept": kept, "notes": notes, "after": after})
+        for q in qp.ops:
+            record["layers"].setdefault(q.node, {"scope": q.scope})
+        if kept:
+            qp = new
+    return qp, record
+
+
+def _last(record: dict) -> dict:
+    kept = [s["after"] for s in record["steps"] if s["kept"] and s["after"]]
+    return kept[-1] if kept else record["before"]
+
+
+def _measure(ctx: Context, qp: QuantParams) -> dict:
+    return layer_sqnr(ctx.graph, qp, ctx.inputs, references(ctx.graph, qp, ctx.inputs))
+
+
+def layer_table(record: dict) -> list[dict]:
+    """One row per INT8 op of the record: its scope and output SQNR before recovery and after each step (None
+    where the op was not INT8 then), and the network's row last."""
+    steps = record["steps"]
+    rows = []
+    for node, info in list(record["layers"].items()) + [(NETWORK, {"scope": NETWORK})]:
+        rows.append({"node": node, "scope": info["scope"], "before": record.get("before", {}).get(node),
+                     **{f"{i}:{s['method']}": s["after"].get(node) for i, s in enumerate(steps)}})
+    return rows

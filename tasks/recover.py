@@ -1,0 +1,133 @@
+"""recover: the INT8 parameters brought closer to FP32 before the fallback may give any layer up to float16
+(``quantflow.quantization.recovery``): ``qparams`` (with the recovered float weights), ``recovery.json`` (per INT8
+op, its output SQNR with all ops in INT8, before recovery and after each method), ``recovery.txt``.
+
+``quantization.recover``:
+
+- ``"auto"``: the cheap methods in every build (cross-layer equalization of the tensors whose median channel range
+  is below 1/32 of the widest), each kept only where it raises the network's output SQNR on the first
+  ``quantization.recovery_images`` calibration images; with
+  ``quantization.fallback = "auto"``, the costly ones (output-aware ranges, learned rounding) too when the gate's
+  check on the fallback's tuning images fails, before the fallback rolls any layer back.  With ``fallback = "off"``
+  there are no tuning images (the gate's must not be tuned on): the cheap methods only;
+- ``"off"``: the calibrated parameters as they are;
+- a list of method names: those, in that order, unguarded.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from quantflow.io.atomic import write_json, write_text
+from quantflow.quantization.qparams import QPARAMS_JSON, QPARAMS_NPZ, QuantParams
+
+from .inputs import image_batches, output_names, read_graph
+from .stage import Stage
+
+NAME = "recover"
+RECOVERY_JSON, RECOVERY_TXT = "recovery.json", "recovery.txt"
+
+
+def _checks(cfg) -> bool:
+    """Does "auto" check the tuning images (and so run the costly methods when it fails)."""
+    q = cfg.quantization
+    return q.recover == "auto" and q.fallback == "auto"
+
+
+def recover_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, calibration_paths: list[Path],
+                  aipp_dir: Path | None = None) -> dict:
+    from quantflow.quantization.calibrater import calibrate
+    from quantflow.quantization.passes import fold_for_quantization
+    from quantflow.quantization.recovery import CHEAP, COSTLY, Context, recover
+    from quantflow.quantization.recovery.report import text_table
+    from quantflow.quantization.sensitivity import analyse, correct_bias
+
+    kdir, q, k = Path(kdir), cfg.quantization, cfg.calibration
+    qp = QuantParams.load(calibrate_dir)
+    if q.recover == "off":
+        qp.save(kdir)
+        record = {"mode": "off", "steps": []}
+        write_json(kdir / RECOVERY_JSON, record)
+        write_text(kdir / RECOVERY_TXT, "quantization.recover = off\n")
+        return record
+    raw = read_graph(cfg, graph_dir)
+    graph = fold_for_quantization(raw)
+    inputs = [np.asarray(x) for x in image_batches(cfg, calibration_paths[:q.recovery_images], k.batch_size)]
+
+    def recalibrate(recovered: QuantParams) -> QuantParams:
+        g = recovered.apply(graph)
+        new = calibrate(g, image_batches(cfg, calibration_paths, k.batch_size), k.method, k.percentile,
+                        k.histogram_bins, k.kl_max_clipped, q.skip, q.methods)
+        if q.bias_correction:
+            sample = image_batches(cfg, calibration_paths[:q.sensitivity_images], k.batch_size)
+            new = correct_bias(new, analyse(g, new, sample, bias_shift=True, engine=cfg.engine).bias_shift)
+        return new
+
+    auto = q.recover == "auto"
+    ctx = Context(graph, inputs, recalibrate, q.recovery_iterations, auto=auto)
+    print(f"recovery ({'auto: ' + ', '.join(CHEAP) if auto else ', '.join(q.recover)}) on {len(calibration_paths[:q.recovery_images])} "
+          f"calibration images")
+    qp, record = recover(ctx, qp, CHEAP if auto else q.recover, guard=auto)
+    record["mode"] = "auto" if auto else "list"
+    if auto and _checks(cfg):
+        check = _tuning_check(cfg, raw, graph, aipp_dir)
+        first = check(qp)
+        record["check"] = {"passed": bool(first["passed"]), "ops": len(qp.ops)}
+        if not first["passed"]:
+            print(f"recovery: the check on the tuning images fails; {', '.join(COSTLY)} before any fallback")
+            qp, record = recover(ctx, qp, COSTLY, guard=True, record=record)
+            again = check(qp)
+            record["check_after"] = {"passed": bool(again["passed"]), "ops": len(qp.ops)}
+    qp.save(kdir)
+    write_json(kdir / RECOVERY_JSON, record)
+    write_text(kdir / RECOVERY_TXT, text_table(record) + "\n")
+    return record
+
+
+def _tuning_check(cfg, raw, folded, aipp_dir):
+    """The fallback's accuracy check on its tuning images (never the gate's)."""
+    from quantflow.evaluation.metrics import metric
+
+    from .aipp import read_params
+    from .fallback import tuning_and_gate_sets
+
+    tune, _, _ = tuning_and_gate_sets(cfg)
+    return metric(cfg.evaluation.metric).checker(tune, cfg.evaluation, raw, folded, read_params(aipp_dir),
+                                                 output_names(cfg, raw))
+
+
+def read(recover_dir: Path) -> dict:
+    return json.loads((Path(recover_dir) / RECOVERY_JSON).read_text())
+
+
+def _run(b) -> None:
+    from quantflow.quantization.recovery.report import text_table
+
+    record = recover_stage(b.cfg, b.dir(NAME), b.dir("calibrate"), b.dir("graph"), b.calibration_paths(),
+                           b.dir("aipp") if _checks(b.cfg) else None)
+    if record["mode"] != "off":
+        print(text_table(record, top=8))
+
+
+def _key_inputs(b) -> dict:
+    q = b.cfg.quantization
+    if q.recover == "off":
+        return {"recover": "off"}
+    key = {"recover": q.model_dump(mode="json")["recover"], "recovery_images": q.recovery_images,
+           "recovery_iterations": q.recovery_iterations, "batch_size": b.cfg.calibration.batch_size}
+    if _checks(b.cfg):
+        from .fallback import evaluation_inputs
+
+        c = b.cfg.model_dump(mode="json")
+        key.update(evaluation=c["evaluation"], **evaluation_inputs(b.cfg), normalization=c["normalization"],
+                   num_classes=b.cfg.model.num_classes)
+    return key
+
+
+STAGE = Stage(
+    name=NAME, doc="recovery before any fallback: cross-layer equalization; output-aware ranges and learned "
+                   "rounding where the check on the tuning images fails",
+    run=_run, needs=lambda cfg: ("sample", "graph", "calibrate") + (("aipp",) if _checks(cfg) else ()),
+    key_inputs=_key_inputs, outputs=(QPARAMS_JSON, QPARAMS_NPZ, RECOVERY_JSON, RECOVERY_TXT))
