@@ -38,6 +38,7 @@ def _checks(cfg) -> bool:
 
 def recover_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, calibration_paths: list[Path],
                   aipp_dir: Path | None = None) -> dict:
+    from quantflow.evaluation.intervals import settled
     from quantflow.quantization.calibrater import calibrate
     from quantflow.quantization.passes import fold_for_quantization
     from quantflow.quantization.recovery import CHEAP, COSTLY, Context, recover
@@ -72,14 +73,16 @@ def recover_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, calibra
     qp, record = recover(ctx, qp, CHEAP if auto else q.recover, guard=auto)
     record["mode"] = "auto" if auto else "list"
     if auto and _checks(cfg):
+        # the fallback's own rule (evaluation.intervals.settled): only a figure that FAILs on the tuning images asks
+        # for more; an UNDECIDED one is within its bootstrap interval of the limit
         check = _tuning_check(cfg, raw, graph, aipp_dir)
         first = check(qp)
-        record["check"] = {"passed": bool(first["passed"]), "ops": len(qp.ops)}
-        if not first["passed"]:
+        record["check"] = {"passed": bool(first["passed"]), "verdict": first["verdict"], "ops": len(qp.ops)}
+        if not settled(first["verdict"]):
             print(f"recovery: the check on the tuning images fails; {', '.join(COSTLY)} before any fallback")
             qp, record = recover(ctx, qp, COSTLY, guard=True, record=record)
             again = check(qp)
-            record["check_after"] = {"passed": bool(again["passed"]), "ops": len(qp.ops)}
+            record["check_after"] = {"passed": bool(again["passed"]), "verdict": again["verdict"], "ops": len(qp.ops)}
     qp.save(kdir)
     write_json(kdir / RECOVERY_JSON, record)
     write_text(kdir / RECOVERY_TXT, text_table(record) + "\n")

@@ -49,8 +49,8 @@ def test_recovery_passes_it_all_int8_without_the_fallback(project):
 
 def test_as_shipped_recovery_runs_before_the_fallback(project):
     """fallback = "auto": equalization first; where the check on the tuning images still fails, the costly methods,
-    and the fallback only after them.  (Measured: the check fails by one of the 178 tuning images after all three
-    methods, and the fallback rolls two layers back; see docs/recovery.md.)"""
+    and the fallback only after them.  (Measured: the check passes after equalization alone and no layer is
+    rolled back; docs/recovery.md.)"""
     proc = run_doit(project, f"config={EXAMPLE}/quantflow.toml")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     latest = _latest(project)
@@ -58,7 +58,9 @@ def test_as_shipped_recovery_runs_before_the_fallback(project):
     record = json.loads((Path(latest["artifacts"]["recover"]) / "recovery.json").read_text())
     methods = [s["method"] for s in record["steps"]]
     assert methods[0] == "equalize" and record["steps"][0]["kept"]
-    assert methods[1:] == ([] if record["check"]["passed"] else ["ranges", "adaround"])
+    # the costly methods only where a figure FAILs on the tuning images (the fallback's own rule: UNDECIDED is noise)
+    assert methods[1:] == ([] if record["check"]["verdict"] != "FAIL" else ["ranges", "adaround"])
     fallback = json.loads((Path(latest["artifacts"]["fallback"]) / "fallback.json").read_text())
     # the fallback's first check is on the recovered parameters: the recovery's last verdict
-    assert fallback["steps"][0]["passed"] == record.get("check_after", record["check"])["passed"]
+    last = record.get("check_after", record["check"])
+    assert (fallback["steps"][0]["passed"], fallback["steps"][0]["verdict"]) == (last["passed"], last["verdict"])

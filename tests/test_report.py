@@ -567,7 +567,7 @@ def test_a_failing_part_ranks_the_layers_by_that_part_in_the_message_and_the_cha
                                         input=f"t{i}", scale_d=0.1, offset_d=0, scale_w=np.ones(1), channel_axis=0,
                                         weight=np.ones((1, 1, 1, 1), np.int8), bias=np.zeros(1, np.int32),
                                         deq_scale=np.ones(1, np.float32)) for i in range(N_OPS)])
-    cfg = SimpleNamespace(quantization=SimpleNamespace(fallback="off", max_fallback=5),
+    cfg = SimpleNamespace(quantization=SimpleNamespace(fallback="off", max_fallback=5, recover="auto"),
                           calibration=SimpleNamespace(method="mse"))
     advice = _advice(focused, qp, cfg)
     named = [layer.split(" (")[0] for layer in advice.split("Most sensitive layers for part scores: ")[1].split("; ")]

@@ -146,9 +146,10 @@ def test_without_a_retrain_section_the_stage_is_not_in_the_build(demo_cfg):
 
     plain, retrained = Build(demo_cfg), Build(demo_cfg.model_copy(update={"retrain": RetrainSection()}))
     assert "retrain" not in [s.name for s in plain.stages()] and "retrain" in [s.name for s in retrained.stages()]
-    # the stages after it read the calibrated parameters, needing what they needed before the stage existed
-    assert parameters_stage(demo_cfg) == "calibrate" and parameters_stage(retrained.cfg) == "retrain"
-    assert parameters_stage(retrained.cfg, before="retrain") == "calibrate"
+    # the stages after it read the recovered parameters (the last parameter stage before it), needing what they
+    # needed before the stage existed
+    assert parameters_stage(demo_cfg) == "recover" and parameters_stage(retrained.cfg) == "retrain"
+    assert parameters_stage(retrained.cfg, before="retrain") == "recover"
     for name in ("sensitivity", "fallback", "gate"):
         assert "retrain" not in plain.needs(STAGES[name]) and "retrain" in retrained.needs(STAGES[name])
         assert set(retrained.needs(STAGES[name])) - set(plain.needs(STAGES[name])) == {"retrain"}

@@ -22,9 +22,10 @@ def section(record: dict | None) -> str:
     steps = record["steps"]
     check = record.get("check")
     if check:
-        out.append(f"<p>Check on the fallback's tuning images after the cheap methods: "
-                   f"{'passed' if check['passed'] else 'failed'}"
-                   + (f"; after the costly ones: {'passed' if record['check_after']['passed'] else 'failed'}"
+        def said(c: dict) -> str:
+            return c.get("verdict") or ("PASS" if c["passed"] else "FAIL")
+        out.append(f"<p>Check on the fallback's tuning images after the cheap methods: {said(check)}"
+                   + (f"; after the costly ones (run where a figure FAILs there): {said(record['check_after'])}"
                       if record.get("check_after") else "") + ".</p>")
     for s in steps:
         n = s["notes"]
