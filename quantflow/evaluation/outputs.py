@@ -13,6 +13,7 @@ import numpy as np
 
 from ..quantization.deploy import quantized_graph
 from .intervals import resampling
+from .parts import label
 from .parts import regions as resolve_regions
 from .protocol import Series, in_float
 from .runs import output_names, output_stats
@@ -22,11 +23,6 @@ from .verdicts import attach, explain, mark_rows, region_figures, with_intervals
 def _cosine(dot, ff, dd):
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(ff * dd > 0, dot / np.sqrt(ff * dd), np.where((ff == 0) & (dd == 0), 1.0, 0.0))
-
-
-def label(row: dict) -> str:
-    """What the report and a failure call a row: the part's name, or the output's."""
-    return row["part"] or row["output"]
 
 
 def network_regions(graph, limits, gate_whole: bool = True, names: dict | None = None) -> list:

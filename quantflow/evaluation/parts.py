@@ -189,3 +189,8 @@ def parts_toml(parts: dict[str, dict], min_cosine: float = 0.99, gate: bool = Tr
         lines.append(f'{name} = {{ output = {json.dumps(p["output"])}, axis = {p["axis"]}, slice = "{p["slice"]}", '
                      f'{limit} }}   # {p["what"]}')
     return "\n".join(lines)
+
+
+def label(row: dict) -> str:
+    """What the report and a failure call a row of the outputs' figures: the part's name, or the output's."""
+    return row["part"] or row["output"]

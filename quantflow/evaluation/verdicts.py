@@ -14,6 +14,7 @@ import numpy as np
 
 from .intervals import (FAIL, PASS, UNDECIDED, Resampling, figure, interval, line, overall, passes,
                         region_replicates)
+from .parts import label
 
 DRAWS = "_draws"   # the report's in-memory key of the figures' bootstrap draws (never written to JSON)
 
@@ -32,7 +33,6 @@ def with_intervals(rows: list[dict], stats: np.ndarray, r: Resampling) -> list[d
 def region_figures(rows: list[dict], stats: np.ndarray, r: Resampling) -> tuple[list[dict], dict]:
     """(a figure per limit of every gated row -- its cosine, its SQNR --, their draws by id); a row that is
     shown only (``passed`` None: a whole output judged by its parts, a part with ``gate = false``) has none."""
-    from .outputs import label
 
     cos, sqnr = region_replicates(r, stats)
     figures, draws = [], {}
@@ -58,7 +58,6 @@ def mark_rows(rows: list[dict], figures: list[dict]) -> list[dict]:
         if row.get("passed") is None:
             out.append(row)
             continue
-        from .outputs import label
         mine = [f["verdict"] for f in figures if f["label"] == label(row)]
         v = FAIL if FAIL in mine else UNDECIDED if UNDECIDED in mine else PASS
         out.append(dict(row, verdict=v, passed=v != FAIL))
