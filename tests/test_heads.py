@@ -41,7 +41,7 @@ def test_grid_is_the_anchor_points_of_the_strides():
      "detection", {"layout": "yolov5"}),                                   # mindyolo's YOLOv5: decoded + raw heads
     ({"out": rng.uniform(0, 60, (1, G, 4 + 3)), **{f"raw{k}": rng.normal(size=(1, 64 + 3, H // s, W // s))
                                                for k, s in enumerate((8, 16, 32))}},
-     "outputs", {}),                                                       # mindyolo's YOLOv8: anchors first
+     "detection", {"layout": "yolov8_anchors_first", "output": "out"}),  # mindyolo's YOLOv8: anchors first
     ({"output": rng.uniform(-1, 2, (1, G, 5 + 1))}, "detection", {"layout": "yolox"}),     # raw offsets
     ({"output": rng.uniform(0, 64, (1, G, 5 + 1))}, "detection", {"layout": "yolov5"}),    # decoded pixels
     ({"seq": _softmax(rng.normal(size=(1, 5, 12)))}, "ctc", {"layout": "ntc"}),            # [1, T, C], T < C
@@ -185,3 +185,13 @@ def test_the_report_of_reported_parts_says_so():
     text = "\n".join(rows_text([row, part]))
     assert "cosine >= 0.99 (reported, not gated)" in text and "judged by its parts" not in text and "FAIL" not in text
     assert "judged by its parts" in "\n".join(rows_text([row, dict(part, gate=True, passed=False)]))
+
+
+def test_an_anchors_first_yolov8_head_decodes_as_its_transpose():
+    """mindyolo's YOLOv8 [N, anchors, 4 + classes] is Ultralytics' [N, 4 + classes, anchors] transposed: the same
+    boxes, scores and classes."""
+    from quantflow.evaluation.detection import decode
+
+    out = rng.uniform(0, 60, (2, 4 + 3, G))
+    for a, b in zip(decode(out, "yolov8", H, W), decode(out.transpose(0, 2, 1), "yolov8_anchors_first", H, W)):
+        np.testing.assert_array_equal(a, b)

@@ -14,6 +14,7 @@ Default limits: ``f1`` >= 0.9 and, with labels, ``map50_drop`` <= 0.01.
 
 Layouts (``options.layout``; ``parts.head_layout`` recognises the first two from the shape):
 - ``yolov8``: [batch, 4 + classes, anchors], cx, cy, w, h in input pixels, then class scores (Ultralytics v8/v11);
+- ``yolov8_anchors_first``: the same values as [batch, anchors, 4 + classes] (mindyolo's YOLOv8 detect head);
 - ``yolov5``: [batch, anchors, 5 + classes], cx, cy, w, h, objectness, class scores; score = objectness x class
   (YOLOv5, v7, YOLOX exported with its decoding);
 - ``yolox``: YOLOX's raw head, [batch, anchors, 5 + classes] with x, y offsets in grid cells and log w, h, the
@@ -38,7 +39,7 @@ class DetectionOptions(BaseModel):
     """``evaluation.options`` of ``evaluation.metric = "detection"``."""
     model_config = ConfigDict(extra="forbid", frozen=True)
     output: Optional[str] = Field(default=None, description="the output holding the detections (default: the first)")
-    layout: Literal["auto", "yolov8", "yolov5", "yolox"] = "auto"
+    layout: Literal["auto", "yolov8", "yolov8_anchors_first", "yolov5", "yolox"] = "auto"
     score_threshold: float = Field(default=0.25, gt=0.0, lt=1.0)
     nms_iou: float = Field(default=0.45, gt=0.0, le=1.0)
     match_iou: float = Field(default=0.5, gt=0.0, le=1.0)
@@ -137,8 +138,8 @@ def _layout(o: DetectionOptions, name: str, shape) -> str:
 def decode(out: np.ndarray, layout: str, height: int, width: int, strides=(8, 16, 32)):
     """(boxes cx, cy, w, h; best class score; best class) per anchor of each image of a batch's output."""
     a = np.asarray(out, np.float64)
-    if layout == "yolov8":
-        a = a.transpose(0, 2, 1)
+    if layout in ("yolov8", "yolov8_anchors_first"):
+        a = a.transpose(0, 2, 1) if layout == "yolov8" else a
         cls = a[..., 4:]
         return a[..., :4], cls.max(-1), cls.argmax(-1)
     cls = a[..., 5:]

@@ -12,8 +12,8 @@ anchor points of a three-stride detector at the input size; also strides 4..32 (
   YOLOv5 returns them) -> ``detection``, layout yolov5, on that output; [N, grid, 5 + classes]
   (YOLOX) -> ``detection``, layout yolox when the box columns are raw grid offsets (all within a few cells, as
   YOLOX's head before ``decode_outputs``) and yolov5 when they are decoded pixels;
-- [N, grid, 4 + classes] beside its raw maps [N, 4 x 16 + classes, H/s, W/s] (mindyolo's YOLOv8): anchors first,
-  a layout the detection metric does not read: the outputs gate on its parts (boxes, scores along axis 2);
+- [N, grid, 4 + classes] beside its raw maps [N, 4 x 16 + classes, H/s, W/s] (mindyolo's YOLOv8): anchors first ->
+  ``detection``, layout yolov8_anchors_first, on that output;
 - one output per stride [N, 3, H/s, W/s, 5 + classes] (YOLOv5's raw heads): the outputs gate on their parts;
 - one 3-D output with the images' axis first or second whose rows over the last axis are a softmax (values in
   0..1 summing to 1), or any time-major one [T, N, symbols] (a CRNN's logits): a **CTC sequence** -> ``ctc``;
@@ -106,13 +106,12 @@ def _yolo(outputs: list[tuple[str, np.ndarray]], n: int, h: int, w: int) -> Head
     dfl = len(s) == 3 and s[0] == n and strides and s[1] == g and s[2] >= 5 and len(raw) == len(strides) and all(
         len(r) == 4 and r[0] == n and r[1] == 4 * REG_MAX + s[2] - 4 for r in raw) and \
         sorted((r[2], r[3]) for r in raw) == sorted((-(-h // st), -(-w // st)) for st in strides)
-    if dfl:   # anchors first: neither layout the detection metric reads
-        return Head("outputs", f"a YOLOv8 head as mindyolo returns it: {name} {s} = [images, {g} anchors, 4 + "
-                               f"{s[2] - 4} classes], {g} = {at}, beside its raw maps {raw} (4 x {REG_MAX} DFL + "
-                               f"classes); the detection metric reads no anchors-first YOLOv8 layout, so the outputs "
-                               f"gate judges each part",
-                    parts={"boxes": {"output": name, "axis": 2, "slice": "0:4", "what": "cx, cy, w, h (pixels)"},
-                           "scores": {"output": name, "axis": 2, "slice": "4:", "what": "class scores"}})
+    if dfl:   # anchors first
+        return Head("detection", f"a YOLOv8 head as mindyolo returns it: {name} {s} = [images, {g} anchors, 4 + "
+                                 f"{s[2] - 4} classes], {g} = {at}, beside its raw maps {raw} (4 x {REG_MAX} DFL + "
+                                 f"classes)", {"layout": "yolov8_anchors_first", "output": name},
+                    {"boxes": {"output": name, "axis": 2, "slice": "0:4", "what": "cx, cy, w, h (pixels)"},
+                     "scores": {"output": name, "axis": 2, "slice": "4:", "what": "class scores"}})
     fives = [_shape(v) for _, v in outputs]
     if all(len(f) == 5 and f[0] == n and f[4] >= 6 for f in fives) and \
             sorted((f[2], f[3]) for f in fives) == sorted((-(-h // st), -(-w // st)) for st in STRIDES[:len(fives)]):
