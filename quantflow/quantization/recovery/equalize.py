@@ -145,13 +145,26 @@ def scales(pair: Pair, w1: np.ndarray, b1: np.ndarray | None, w2: np.ndarray, r1
     return s
 
 
+def median_range(r: np.ndarray) -> float:
+    """A tensor's median channel range over its widest (the live channels'; 1.0 when none is live): how much of
+    the per-tensor INT8 grid its typical channel gets."""
+    live = r > 0
+    return float(np.median(r[live]) / r.max()) if live.any() else 1.0
+
+
 def equalize(g: Graph, int8: set[str], inputs: list[np.ndarray],
              only_starved: bool = False) -> tuple[dict, list[dict], list[dict]]:
     """(node -> {"weight", "bias"}: the rescaled float weights, one record per equalized pair, the chains left
     alone) for the folded graph ``g`` (with any earlier recovered weights in place).  ``only_starved`` ("auto"):
     only the pairs whose tensor's median channel range is below ``AUTO_MEDIAN_RANGE`` of its widest."""
     pairs, alone = find_pairs(g, int8)
-    ranges = channel_ranges(g, [p.tensor for p in pairs], inputs)
+    tensors = list(dict.fromkeys(p.tensor for p in pairs))
+    if only_starved and len(inputs) > 1 and tensors:
+        # a first look on one batch: a tensor far from starved there (twice the limit) is not worth a pass over
+        # every image, so a build with nothing to equalize costs one batch's float run
+        first = channel_ranges(g, tensors, inputs[:1])
+        tensors = [t for t in tensors if median_range(first[t]) < 2 * AUTO_MEDIAN_RANGE]
+    ranges = channel_ranges(g, tensors, inputs)
     weights: dict[str, dict[str, np.ndarray]] = {}
 
     def current(n: Node) -> dict[str, np.ndarray]:
@@ -163,12 +176,15 @@ def equalize(g: Graph, int8: set[str], inputs: list[np.ndarray],
 
     done = []
     for p in pairs:
+        if p.tensor not in ranges:
+            alone.append({"pair": p.describe(), "l2": p.l2.name, "reason": "already balanced"})
+            continue
         one, two = current(p.l1), current(p.l2)
         group2 = int(p.l2.attrs.get("group", 1))
         s = scales(p, one["weight"], one.get("bias"), two["weight"], ranges[p.tensor], group2)
         r1 = ranges[p.tensor]
         live = r1 > 0
-        median = float(np.median(r1[live]) / r1.max()) if live.any() else 1.0
+        median = median_range(r1)
         if only_starved and median >= AUTO_MEDIAN_RANGE:
             alone.append({"pair": p.describe(), "l2": p.l2.name, "reason": "already balanced",
                           "median_channel_range": median})
