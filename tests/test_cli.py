@@ -19,7 +19,7 @@ from quantflow.config import load_config
 from quantflow.pipeline.doit_graph import DEFAULT_TASKS
 
 IMAGES_PER_CLASS = 6
-UNUSED = {"train", "sensitivity"}   # no [train]; fallback off: no per-layer analysis for a passing gate
+UNUSED = {"train", "retrain", "sensitivity"}   # no [train] or [retrain]; fallback off: no per-layer analysis for a passing gate
 
 
 def _tiny_onnx(path: Path, classes: int = 10, size: int = 32) -> None:

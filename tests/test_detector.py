@@ -217,8 +217,9 @@ def test_a_detector_project_is_gated_on_every_output(tmp_path):
     from quantflow.pipeline.doit_graph import artifact_status
 
     def fallback_build(name: str, limit: float, most: int):
+        # recovery off: its costly methods run where the tuning check fails, so step 0 would differ between limits
         (project / name).write_text(DETECTOR_CONFIG.replace("min_cosine = 0.99", f"min_cosine = {limit:.9f}")
-                                    + f'[quantization]\nfallback = "auto"\nmax_fallback = {most}\n')
+                                    + f'[quantization]\nfallback = "auto"\nmax_fallback = {most}\nrecover = "off"\n')
         proc = run_quantflow(project, "build", name)
         dirs = {k: v[1] for k, v in artifact_status(load_config(project / name)).items()}
         return (proc, json.loads((dirs["fallback"] / "fallback.json").read_text()),

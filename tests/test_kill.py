@@ -33,8 +33,9 @@ KILL_POINTS = [
     (".graph.done", "before"),                   # graph: everything written but the marker
     ("histograms.npz", "before"),                # calibrate
     ("calibration.txt", "after"),                # calibrate: a file in place, the stage unfinished
-    ("sensitivity.json", "after"),               # sensitivity (quantization.sensitivity = "always")
     ("/aipp/", "before"),                        # aipp
+    ("recovery.json", "before"),                 # recover
+    ("sensitivity.json", "after"),               # sensitivity (quantization.sensitivity = "always")
     ("fallback.json", "before"),                 # fallback
     ("deploy.onnx", "after"),                    # export
     ("deploy.mindir", "before"),                 # export: MindSpore's own writer, via a temporary folder
