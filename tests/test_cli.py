@@ -4,7 +4,6 @@ weights, nothing to train) and 6 images per class from the shipped demo folders.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import cv2
@@ -12,40 +11,13 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from support.project import REPO, clean_env, onnx_config, run_quantflow, task_lines
+from support.project import clean_env, run_quantflow, task_lines, tiny_onnx, tiny_project
 
 from quantflow.cli import main
 from quantflow.config import load_config
 from quantflow.pipeline.doit_graph import DEFAULT_TASKS
 
-IMAGES_PER_CLASS = 6
 UNUSED = {"train", "retrain", "sensitivity"}   # no [train] or [retrain]; fallback off: no per-layer analysis for a passing gate
-
-
-def _tiny_onnx(path: Path, classes: int = 10, size: int = 32) -> None:
-    """Conv 4x4 stride 4 -> Relu -> Gemm, seeded weights, a dynamic batch as exporters write it."""
-    rng = np.random.default_rng(0)
-    side = size // 4
-    weights = [numpy_helper.from_array(rng.normal(0, 0.3, (8, 3, 4, 4)).astype(np.float32), "w1"),
-               numpy_helper.from_array(rng.normal(0, 0.3, (classes, 8 * side * side)).astype(np.float32), "w2"),
-               numpy_helper.from_array(np.zeros(classes, np.float32), "b2")]
-    nodes = [helper.make_node("Conv", ["image", "w1"], ["c"], strides=[4, 4]), helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("Flatten", ["r"], ["f"]), helper.make_node("Gemm", ["f", "w2", "b2"], ["y"], transB=1)]
-    g = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("image", TensorProto.FLOAT,
-                                                                        ["batch", 3, size, size])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", classes])], weights)
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
-
-
-def _tiny_config() -> str:
-    """The demo's config for the tiny network: fewer images, and a gate a random network passes (any drop)."""
-    text = onnx_config(REPO, "tiny.onnx")
-    for old, new in (('input_name = "x"', 'input_name = "image"'), ("count = 200", "count = 60"),
-                     ("per_class_min = 15", f"per_class_min = {IMAGES_PER_CLASS}"),
-                     ("threshold = 0.01", "threshold = 1.0")):
-        assert old in text, old
-        text = text.replace(old, new)
-    return text
 
 
 def _variant(project: Path, name: str, **replace: str) -> str:
@@ -65,14 +37,7 @@ def _latest(project: Path, out: str = "build") -> dict:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The project after `quantflow build`: (folder, completed process)."""
-    project = tmp_path_factory.mktemp("tiny_project")
-    _tiny_onnx(project / "tiny.onnx")
-    for folder in ("calib_data", "eval_data"):
-        for cls in sorted((REPO / folder).iterdir()):
-            (project / folder / cls.name).mkdir(parents=True)
-            for image in sorted(cls.iterdir())[:IMAGES_PER_CLASS]:
-                shutil.copy(image, project / folder / cls.name / image.name)
-    (project / "quantflow.toml").write_text(_tiny_config())
+    project = tiny_project(tmp_path_factory.mktemp("tiny_project"))
     assert sorted(p.name for p in project.iterdir()) == ["calib_data", "eval_data", "quantflow.toml", "tiny.onnx"]
     proc = run_quantflow(project, "build")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -202,7 +167,7 @@ def test_a_three_line_dodo_py_runs_the_same_graph_with_doits_parallel_tasks(tiny
 # ----------------------------------------------------------------------------- init and errors, in this process
 
 def test_init_reads_the_model_and_writes_a_config_that_loads(tmp_path):
-    _tiny_onnx(tmp_path / "net.onnx", classes=7, size=8)
+    tiny_onnx(tmp_path / "net.onnx", classes=7, size=8)
     out = tmp_path / "quantflow.toml"
     assert main(["init", "--onnx", str(tmp_path / "net.onnx"), "-o", str(out)]) == 0
     cfg = load_config(out)
@@ -249,7 +214,7 @@ def test_init_gives_a_detector_the_outputs_gate(tmp_path):
 def test_init_samples_no_more_calibration_images_than_the_folder_holds(tmp_path):
     """12 images in two class folders (and a file that is no image): count 12, not the default 200, which
     the build's sampling would refuse."""
-    _tiny_onnx(tmp_path / "net.onnx", classes=2, size=8)
+    tiny_onnx(tmp_path / "net.onnx", classes=2, size=8)
     for i in range(12):
         (tmp_path / "calib" / str(i % 2)).mkdir(parents=True, exist_ok=True)
         cv2.imwrite(str(tmp_path / "calib" / str(i % 2) / f"f{i}.png"), np.zeros((8, 8, 3), np.uint8))
@@ -262,7 +227,7 @@ def test_init_samples_no_more_calibration_images_than_the_folder_holds(tmp_path)
 def test_init_never_overwrites(tmp_path, capsys):
     out = tmp_path / "quantflow.toml"
     out.write_text("# mine\n")
-    _tiny_onnx(tmp_path / "net.onnx")
+    tiny_onnx(tmp_path / "net.onnx")
     assert main(["init", "--onnx", str(tmp_path / "net.onnx"), "-o", str(out)]) == 2
     assert out.read_text() == "# mine\n"
     assert f"{out} exists" in capsys.readouterr().err
@@ -279,7 +244,7 @@ def test_failures_name_the_file_and_exit_2(tmp_path, capsys, monkeypatch):
     assert "quantflow: configuration file not found: quantflow.toml" in fails("build")
     assert "'gatee' is neither a configuration file nor a stage" in fails("build", "gatee")
     assert "--onnx: file not found: nowhere.onnx" in fails("init", "--onnx", "nowhere.onnx")
-    _tiny_onnx(tmp_path / "net.onnx")
+    tiny_onnx(tmp_path / "net.onnx")
     assert main(["init", "--onnx", "net.onnx"]) == 0
     capsys.readouterr()
     err = fails("report")
@@ -292,7 +257,7 @@ def test_failures_name_the_file_and_exit_2(tmp_path, capsys, monkeypatch):
 
 def test_list_names_every_stage_before_any_build(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    _tiny_onnx(tmp_path / "net.onnx")
+    tiny_onnx(tmp_path / "net.onnx")
     main(["init", "--onnx", "net.onnx"])
     capsys.readouterr()
     assert main(["list"]) == 0

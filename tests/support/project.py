@@ -94,7 +94,8 @@ def tiny_onnx(path: Path, classes: int = 10, size: int = 32) -> None:
 
 
 def tiny_config() -> str:
-    """The demo's config for the tiny network (test_cli's project): fewer images, and a gate a random network passes (any drop)."""
+    """The demo's config for the tiny network (test_cli's project): fewer images, and a gate a random network
+    passes (any drop)."""
     text = onnx_config(REPO, "tiny.onnx")
     for old, new in (('input_name = "x"', 'input_name = "image"'), ("count = 200", "count = 60"),
                      ("per_class_min = 15", f"per_class_min = {IMAGES_PER_CLASS}"),
