@@ -235,11 +235,13 @@ def row_cells(r: dict) -> list[str]:
                 f"{r['seconds']:.0f}"]
     rep = r["report"]
     figs = "; ".join(_fig(f) for f in verdicts(rep)) or "-"
-    fb = (r.get("fallback") or {}).get("float_ops", [])
+    fallback = r.get("fallback") or {}
+    fb = [o.get("scope") or o.get("node") if isinstance(o, dict) else o for o in fallback.get("float_ops", [])]
+    steps = " -> ".join(s.get("verdict", "?") for s in fallback.get("steps", []))
     sq = ", ".join(f"{k} {v:.1f}" for k, v in output_sqnr(rep).items())
     rec = " -> ".join(f"{k} {v:.1f}" for k, v in sqnr_steps(r.get("recovery") or {}).items()) or \
         ("off" if r["recover"] == "off" else "no method changed it")
-    return [f"**{rep['verdict']}**: {figs}", f"{len(fb)}" + (f": {', '.join(fb)}" if fb else ""), sq, rec,
+    return [f"**{rep['verdict']}**: {figs}", f"{len(fb)}" + (f": {', '.join(fb)}" if fb else "") + (f" (tuning checks: {steps})" if steps else ""), sq, rec,
             f"{r['seconds']:.0f}"]
 
 
