@@ -234,7 +234,10 @@ def row_cells(r: dict) -> list[str]:
         return [f"stopped (exit {r['exit']}): {' / '.join(r.get('error', [])[-2:])}", "-", "-", "-",
                 f"{r['seconds']:.0f}"]
     rep = r["report"]
-    figs = "; ".join(_fig(f) for f in verdicts(rep)) or "-"
+    gated = verdicts(rep)
+    shown = [f for f in gated if f["verdict"] != "PASS"] if len(gated) > 3 else gated
+    figs = "; ".join(_fig(f) for f in shown) + (f"; {len(gated) - len(shown)} more PASS" if len(shown) < len(gated)
+                                                 else "")
     fallback = r.get("fallback") or {}
     fb = [o.get("scope") or o.get("node") if isinstance(o, dict) else o for o in fallback.get("float_ops", [])]
     steps = " -> ".join(s.get("verdict", "?") for s in fallback.get("steps", []))
