@@ -14,7 +14,7 @@ For each case, in ``--workdir`` (default: a temporary folder):
   that head (``"ctc"`` for rec, ``"text_regions"`` for det, ``"detection"`` with parts reported for the YOLOs,
   ``"outputs"`` for PicoDet, whose head init does not recognise); the ``yolov8n_parts`` case instead gates
   ``"outputs"`` with init's parts (boxes, scores) gated (``gated_by_parts``);
-- ``quantflow build quantflow.toml gate`` twice, under ``nice -n 10``, one at a time, on the same images:
+- ``quantflow build recover-off.toml gate`` and ``recover-auto.toml`` (each its own build folder), under ``nice -n 10``, one at a time, on the same images:
   ``quantization.recover = "off"`` and ``"auto"``, both with ``fallback = "auto"`` and ``max_fallback``
   (``--max-fallback``, 8).  A failing gate (exit 1) is a result; a build that stops earlier is recorded with the
   last lines of its output.
@@ -22,7 +22,8 @@ For each case, in ``--workdir`` (default: a temporary folder):
 Per build: the verdict (accuracy_report.json: PASS / FAIL / UNDECIDED, each gated figure with its interval), the
 layers the fallback rolled back (fallback.json), the network output SQNR before and after each recovery method
 (recovery.json), the build's wall time.  A markdown table is written to ``--out`` (default ``real_gates.md``),
-everything to ``--json``.  Measured: docs/recovery.md, "Real models".
+everything to ``--json`` (a re-run replaces its cases' rows there and keeps the others', so cases can be run
+one ``--models`` at a time).  Measured: docs/recovery.md, "Real models".
 """
 from __future__ import annotations
 
