@@ -15,8 +15,8 @@ For each case, in ``--workdir`` (default: a temporary folder):
   ``"outputs"`` for PicoDet, whose head init does not recognise); the ``yolov8n_parts`` case instead gates
   ``"outputs"`` with init's parts (boxes, scores) gated (``gated_by_parts``);
 - ``quantflow build recover-off.toml gate`` and ``recover-auto.toml`` (each its own build folder), under
-  ``nice -n 10``, one at a time, on the same images: ``quantization.recover = "off"`` and ``"auto"``, both with ``fallback = "auto"`` and ``max_fallback``
-  (``--max-fallback``, 8).  A failing gate (exit 1) is a result; a build that stops earlier is recorded with the
+  ``nice -n 10``, one at a time, on the same images: ``quantization.recover = "off"`` and ``"auto"``, both
+  with ``fallback = "auto"`` and ``max_fallback`` (``--max-fallback``, 8).  A failing gate (exit 1) is a result; a build that stops earlier is recorded with the
   last lines of its output.
 
 Per build: the verdict (accuracy_report.json: PASS / FAIL / UNDECIDED, each gated figure with its interval), the
