@@ -16,8 +16,8 @@ For each case, in ``--workdir`` (default: a temporary folder):
   ``"outputs"`` with init's parts (boxes, scores) gated (``gated_by_parts``);
 - ``quantflow build recover-off.toml gate`` and ``recover-auto.toml`` (each its own build folder), under
   ``nice -n 10``, one at a time, on the same images: ``quantization.recover = "off"`` and ``"auto"``, both
-  with ``fallback = "auto"`` and ``max_fallback`` (``--max-fallback``, 8).  A failing gate (exit 1) is a result; a build that stops earlier is recorded with the
-  last lines of its output.
+  with ``fallback = "auto"`` and ``max_fallback`` (``--max-fallback``, 8).  A failing gate (exit 1) is a
+  result; a build that stops earlier is recorded with the last lines of its output.
 
 Per build: the verdict (accuracy_report.json: PASS / FAIL / UNDECIDED, each gated figure with its interval), the
 layers the fallback rolled back (fallback.json), the network output SQNR before and after each recovery method
@@ -245,8 +245,8 @@ def row_cells(r: dict) -> list[str]:
     sq = ", ".join(f"{k} {v:.1f}" for k, v in output_sqnr(rep).items())
     rec = " -> ".join(f"{k} {v:.1f}" for k, v in sqnr_steps(r.get("recovery") or {}).items()) or \
         ("off" if r["recover"] == "off" else "no method changed it")
-    return [f"**{rep['verdict']}**: {figs}", f"{len(fb)}" + (f": {', '.join(fb)}" if fb else "") + (f" (tuning checks: {steps})" if steps else ""), sq, rec,
-            f"{r['seconds']:.0f}"]
+    layers = f"{len(fb)}" + (f": {', '.join(fb)}" if fb else "") + (f" (tuning checks: {steps})" if steps else "")
+    return [f"**{rep['verdict']}**: {figs}", layers, sq, rec, f"{r['seconds']:.0f}"]
 
 
 def format_table(rows: list[dict]) -> str:
@@ -258,7 +258,8 @@ def format_table(rows: list[dict]) -> str:
         n_gate = rep.get("images", "?")
         n_tune = (rep.get("tuning") or {}).get("images", "?")
         lines.append(f"| {r['case']} | {_gate(r['evaluation'])} | {r['calibration_images']} / "
-                     f"{r['held_out_images']}: {n_tune} + {n_gate} | {r['recover']} | " + " | ".join(row_cells(r)) + " |")
+                     f"{r['held_out_images']}: {n_tune} + {n_gate} | {r['recover']} | "
+                     + " | ".join(row_cells(r)) + " |")
     return "\n".join(lines)
 
 
