@@ -251,8 +251,8 @@ def row_cells(r: dict) -> list[str]:
 
 def format_table(rows: list[dict]) -> str:
     lines = ["| case | gate | images (calib / held-out: tuning + gate) | recover "
-             "| verdict: gated figures [95% interval] | fallback layers | output SQNR dB on the gate's images | recovery: network SQNR dB (calibration images) "
-             "| s |", "|---|---|---|---|---|---|---|---|---|"]
+             "| verdict: gated figures [95% interval] | fallback layers | output SQNR dB on the gate's images "
+             "| recovery: network SQNR dB (calibration images) | s |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rep = r.get("report") or {}
         n_gate = rep.get("images", "?")
