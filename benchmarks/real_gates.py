@@ -143,17 +143,10 @@ def project(name: str, case: Case, folder: Path, recover: str, max_fallback: int
     evaluation, _ = init_evaluation(folder)
     if case.parts_gated:
         evaluation = gated_by_parts(evaluation)
-    (mean, std), (c, h, w) = m.norm, m.shape
-    conf = {
-        "model": {"onnx": "model.onnx", "input_shape": [1, c, h, w]},
-        "normalization": {"mean": mean, "std": std, "scale": m.scale, "channel_order": m.order},
-        "calibration": {"data_dir": "calib", "count": case.calib, "per_class_min": 1, "seed": 0, "method": "mse"},
-        "evaluation": evaluation,
-        "quantization": {"fallback": "auto", "max_fallback": max_fallback, "recover": recover},
-        "aipp": {"template": "static_rgb888_u8.cfg", "input_channel_order": "BGR"},
-        "build": {"output_dir": f"build-recover-{recover}"},
-        "engine": {"workers": 1},
-    }
+    conf = tomllib.loads(toml.read_text())   # peers' project: the model's preprocessing, calibration, AIPP
+    conf["evaluation"] = evaluation
+    conf["quantization"] = {"fallback": "auto", "max_fallback": max_fallback, "recover": recover}
+    conf["build"]["output_dir"] = f"build-recover-{recover}"
     toml = folder / f"recover-{recover}.toml"
     toml.write_text(toml_text(conf, f"{name}, quantization.recover = {recover}: written by benchmarks.real_gates"))
     return toml, evaluation
