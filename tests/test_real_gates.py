@@ -1,0 +1,54 @@
+"""benchmarks.real_gates' pure functions: the parts-gated variant of init's [evaluation], the TOML it writes, and
+what it reads from a build's accuracy_report.json and recovery.json (no model wheel, no build)."""
+import tomllib
+
+import pytest
+
+from benchmarks.real_gates import gated_by_parts, output_sqnr, sqnr_steps, toml_text, verdicts
+from quantflow.config import EvaluationSection
+
+INIT_YOLOV8 = {"metric": "detection", "data_dir": "eval", "min": {"f1": 0.9}, "options": {"layout": "yolov8"},
+               "parts": {"boxes": {"output": "output0", "axis": 1, "slice": "0:4", "gate": False},
+                         "scores": {"output": "output0", "axis": 1, "slice": "4:", "gate": False}}}
+
+
+def test_gated_by_parts_gates_every_part_under_the_outputs_metric():
+    e = gated_by_parts(INIT_YOLOV8)
+    assert e["metric"] == "outputs" and e["min_cosine"] == 0.99 and e["data_dir"] == "eval"
+    assert not {"min", "max", "options"} & set(e)
+    assert set(e["parts"]) == {"boxes", "scores"}
+    for name, part in e["parts"].items():
+        assert "gate" not in part   # the default: gated
+        assert {k: v for k, v in INIT_YOLOV8["parts"][name].items() if k != "gate"} == part
+    assert INIT_YOLOV8["parts"]["boxes"]["gate"] is False   # the input is left as it was
+
+
+def test_gated_by_parts_refuses_a_head_without_parts():
+    with pytest.raises(ValueError, match="no parts"):
+        gated_by_parts({"metric": "ctc", "data_dir": "eval"})
+
+
+def test_toml_text_round_trips_and_loads_as_quantflow_config():
+    conf = {"evaluation": INIT_YOLOV8, "quantization": {"fallback": "auto", "recover": "off", "max_fallback": 8}}
+    back = tomllib.loads(toml_text(conf, "t"))
+    assert back == conf
+    ev = EvaluationSection(**back["evaluation"])
+    assert ev.metric == "detection" and set(ev.parts) == {"boxes", "scores"}
+
+
+def test_verdicts_output_sqnr_and_recovery_steps_read_the_artifacts():
+    report = {"figures": [{"id": "f1", "label": "f1", "value": 0.8, "kind": "min", "limit": 0.9, "low": 0.0,
+                           "high": 1.0, "gated": True, "verdict": "UNDECIDED"},
+                          {"id": "x", "label": "x", "value": 1, "kind": "min", "limit": 0, "low": 1, "high": 1,
+                           "gated": False, "verdict": "PASS"}],
+              "outputs": [{"output": "o", "part": None, "sqnr_db": 30.0}, {"output": "o", "part": "scores",
+                                                                           "sqnr_db": 7.5}]}
+    assert verdicts(report) == [{"figure": "f1", "value": 0.8, "interval": [0.0, 1.0], "kind": "min",
+                                 "limit": 0.9, "verdict": "UNDECIDED"}]
+    assert output_sqnr(report) == {"o": 30.0, "o scores": 7.5}
+    rec = {"before": {"network output": 10.0, "v1": 3.0},
+           "steps": [{"method": "equalize", "kept": True, "after": {"network output": 12.0}},
+                     {"method": "ranges", "kept": False, "after": {"network output": 11.0}},
+                     {"method": "adaround", "kept": True, "after": {}}]}
+    assert sqnr_steps(rec) == {"before": 10.0, "equalize": 12.0, "ranges (undone)": 11.0}
+    assert sqnr_steps({"mode": "off", "steps": []}) == {}
