@@ -481,6 +481,8 @@ class RetrainSection(_Section):
     steps: int = Field(default=200, gt=0, description="optimizer steps (Adam)")
     lr: float = Field(default=1e-4, gt=0.0, description="learning rate (cosine decay to a tenth over the steps)")
     batch_size: int = Field(default=32, gt=0, description="distill: calibration images per step")
+    variants: int = Field(default=0, ge=0, description="distill: seeded label-free variants of each calibration image "
+                                                       "(shifted, contrast changed) added to the images it learns from")
     seed: int = Field(default=0, ge=0, description="the order of the images and MindSpore's seed")
     learn_ranges: bool = Field(default=False, description="learn the activation ranges (AscendQuant's scale and "
                                                           "offset) too; false: frozen at the calibrated ones")

@@ -1,9 +1,11 @@
 """fallback: the INT8 parameters the build uses: as calibrated, recovered and retrained
 (``quantization.fallback = "off"``), or with "auto" those left once the most sensitive ops were rolled back to
-float16 until no figure of the gate's check FAILs on the tuning images -- an UNDECIDED one is within its bootstrap
-interval of the limit, noise, and stops the roll-back (``quantization.fallback.roll_back``) -- or ``max_fallback``
-ops are in float; each next op the most sensitive on what the last check failed (the outputs gate: the outputs
-below the limit).
+float16 until the gate's check on the tuning images gives the verdict the gate would pass
+(``evaluation.intervals.settled``: a PASS where ``evaluation.on_undecided = "fail"``, else no FAIL), or
+``max_fallback`` ops are in float; each next op the most sensitive on what the last check failed (the outputs
+gate: the outputs below the limit).  Past an UNDECIDED check a layer is rolled back on trial and kept only if it
+brings the figures closer to their limits (``intervals.shortfall``); otherwise it is put back and the fallback
+stops (``quantization.fallback.roll_back``): the tuning images cannot decide more.
 
 The tuning images are never the gate's: ``evaluation.tune_dir`` when given (an image in it and in
 ``evaluation.data_dir`` is an error), else ``evaluation.tune_share`` of each class (or group) of
@@ -29,7 +31,7 @@ from .preflight import module_file
 from .stage import Stage
 
 FALLBACK_JSON = "fallback.json"
-GATE_ONLY = ("baseline", "on_undecided")   # [evaluation] settings the fallback does not read
+GATE_ONLY = ("baseline",)   # [evaluation] settings the fallback does not read
 
 
 def tuning_and_gate_sets(cfg):
@@ -85,15 +87,17 @@ def focus(sensitivity: dict, m, names: dict | None, report: dict) -> tuple[list[
 
 def focus_ranking(sensitivity: dict, m, names: dict | None):
     """``rerank(report)`` for ``roll_back``: the layers most harmful to what a failed check points at
-    (``focus``)."""
+    (``focus``); for a check with no FAIL, what is UNDECIDED in it."""
     from quantflow.quantization.sensitivity import rank
 
-    return lambda report: rank(sensitivity["ops"], *focus(sensitivity, m, names, report))
+    def short(report: dict) -> dict:
+        return report if report.get("failures") else dict(report, failures=report.get("undecided", []))
+    return lambda report: rank(sensitivity["ops"], *focus(sensitivity, m, names, short(report)))
 
 
 def fallback_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, aipp_dir: Path | None,
                    sensitivity: dict | None) -> dict:
-    from quantflow.evaluation.intervals import settled
+    from quantflow.evaluation.intervals import FAIL, settled, shortfall
     from quantflow.evaluation.metrics import metric
     from quantflow.quantization.fallback import roll_back
     from quantflow.quantization.passes import fold_for_quantization
@@ -110,16 +114,21 @@ def fallback_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, aipp_dir:
         m = metric(cfg.evaluation.metric)
         names = output_names(cfg, graph)
         check = m.checker(tune, cfg.evaluation, graph, fold_for_quantization(graph), read_params(aipp_dir), names)
+        on_undecided = cfg.evaluation.on_undecided
         qp, steps = roll_back(qp, sensitivity["ranking"], check, q.max_fallback, m.step_keys,
                               rerank=focus_ranking(sensitivity, m, names),
-                              settled=lambda report: settled(report["verdict"]))
+                              settled=lambda report: settled(report["verdict"], on_undecided),
+                              closer=lambda report, before: None if before["verdict"] == FAIL or "figures" not in report
+                              else shortfall(report["figures"]) < shortfall(before["figures"]))
+        final = next(st for st in reversed(steps) if not st.get("undone"))
         result = {"mode": "auto", "metric": m.name, "max_fallback": q.max_fallback, "steps": steps,
-                  "float_ops": steps[-1]["float_ops"], "passed": steps[-1]["passed"],
+                  "float_ops": final["float_ops"], "passed": final["passed"],
                   "tuning": {"source": source, "images": len(tune), "names": list(tune.names)}}
         for i, st in enumerate(steps):
             names = ", ".join(f["scope"] for f in st["float_ops"]) or "none"
             print(f"fallback step {i}: {st['int8_ops']} INT8 ops, {m.step_line(st)} "
-                  f"{st.get('verdict', 'PASS' if st['passed'] else 'FAIL')}; in float16: {names}")
+                  f"{st.get('verdict', 'PASS' if st['passed'] else 'FAIL')}; in float16: {names}"
+                  + ("; no closer to passing: its last layer is put back" if st.get("undone") else ""))
     qp.save(kdir)
     write_json(kdir / FALLBACK_JSON, result)
     return result
@@ -198,7 +207,7 @@ def _key_inputs(b) -> dict:
     if not _auto(cfg):
         return {"fallback": "off"}
     c = cfg.model_dump(mode="json")
-    # what only the gate reads (the baseline, what UNDECIDED does to the build) does not rerun the fallback
+    # what only the gate reads (the baseline) does not rerun the fallback
     evaluation = {k: v for k, v in c["evaluation"].items() if k not in GATE_ONLY}
     return {"fallback": "auto", "max_fallback": cfg.quantization.max_fallback, "evaluation": evaluation,
             **evaluation_inputs(cfg), "normalization": c["normalization"], "num_classes": cfg.model.num_classes}

@@ -8,7 +8,8 @@ op, its output SQNR with all ops in INT8, before recovery and after each method)
   is below 1/32 of the widest), each kept only where it raises the network's output SQNR on the first
   ``quantization.recovery_images`` calibration images; with
   ``quantization.fallback = "auto"``, the costly ones (output-aware ranges, learned rounding) too when the gate's
-  check on the fallback's tuning images fails, before the fallback rolls any layer back.  With ``fallback = "off"``
+  check on the fallback's tuning images gives a verdict the gate would not pass (``intervals.settled``), before
+  the fallback rolls any layer back.  With ``fallback = "off"``
   there are no tuning images (the gate's must not be tuned on): the cheap methods only;
 - ``"off"``: the calibrated parameters as they are;
 - a list of method names: those, in that order, unguarded.
@@ -73,13 +74,14 @@ def recover_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, calibra
     qp, record = recover(ctx, qp, CHEAP if auto else q.recover, guard=auto)
     record["mode"] = "auto" if auto else "list"
     if auto and _checks(cfg):
-        # the fallback's own rule (evaluation.intervals.settled): only a figure that FAILs on the tuning images asks
-        # for more; an UNDECIDED one is within its bootstrap interval of the limit
+        # the fallback's own rule (evaluation.intervals.settled): only a check the gate would not pass on the
+        # tuning images asks for more
         check = _tuning_check(cfg, raw, graph, aipp_dir)
         first = check(qp)
         record["check"] = {"passed": bool(first["passed"]), "verdict": first["verdict"], "ops": len(qp.ops)}
-        if not settled(first["verdict"]):
-            print(f"recovery: the check on the tuning images fails; {', '.join(COSTLY)} before any fallback")
+        if not settled(first["verdict"], cfg.evaluation.on_undecided):
+            print(f"recovery: the check on the tuning images is {first['verdict']}; {', '.join(COSTLY)} before any "
+                  f"fallback")
             qp, record = recover(ctx, qp, COSTLY, guard=True, record=record)
             again = check(qp)
             record["check_after"] = {"passed": bool(again["passed"]), "verdict": again["verdict"], "ops": len(qp.ops)}

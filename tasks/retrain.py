@@ -5,12 +5,12 @@ per-layer analysis, the fallback, the deploy graphs and the gate take from here 
 
 It starts from the parameters of the last parameter stage before it (``inputs.PARAMETER_STAGES``).  Its record
 ``retrain.json``: the settings, the loss of every step, the time, where MindSpore trained, and the distillation
-loss of the INT8 network on the calibration images as the emulator computes it before (``emulated_loss.before``)
-and with the retrained parameters (``.retrained``); when those do not lower it, the parameters it started from are
-kept (``kept``: "retrained" or "started from").  ``retrained.ckpt``:
-the learned float weights and biases of the INT8 ops (BatchNorm folded: ``<node>.weight`` / ``<node>.bias``) and
-the ranges (``<tensor>.range``), as a MindSpore checkpoint; ``network/``: the fake-quant network's generated
-source.
+loss of the INT8 network on the images it learned from (the calibration images and their ``retrain.variants``) as
+the emulator computes it before (``emulated_loss.before``) and with the retrained parameters (``.retrained``); when
+those do not lower it, the parameters it started from are kept (``kept``: "retrained" or "started from").
+``retrained.ckpt``: the learned float weights and biases of the INT8 ops (BatchNorm folded: ``<node>.weight`` /
+``<node>.bias``) and the ranges (``<tensor>.range``), as a MindSpore checkpoint; ``network/``: the fake-quant
+network's generated source.
 """
 from __future__ import annotations
 
@@ -52,13 +52,14 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
     from quantflow.entry import load_entry
     from quantflow.quantization.passes import fold_for_quantization
     from quantflow.quantization.qat import QAT_NET_PY, FakeQuantNet
-    from quantflow.quantization.retraining import emulated_loss, train_distill, train_labels
+    from quantflow.quantization.retraining import emulated_loss, train_distill, train_labels, variants
 
     r, kdir = cfg.retrain, Path(kdir)
     qp = QuantParams.load(params_dir)
     # the float network the parameters were made for: with recovery's equalized weights where it rescaled any
     graph = qp.apply(fold_for_quantization(read_graph(cfg, graph_dir)))
-    images = np.concatenate(list(image_batches(cfg, calibration_paths, cfg.calibration.batch_size)))
+    calibration = np.concatenate(list(image_batches(cfg, calibration_paths, cfg.calibration.batch_size)))
+    images = variants(calibration, r.variants, r.seed) if r.mode == "distill" else calibration
     loss = _loss(cfg, graph, images)
     before = emulated_loss(graph, qp, images, loss)
     mode = ms.get_context("mode")
@@ -95,7 +96,8 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
     _save_checkpoint(kdir / RETRAINED_CKPT, learned, qp)
     record = {"mode": r.mode, "steps": r.steps, "lr": r.lr, "batch_size": r.batch_size, "seed": r.seed,
               "learn_ranges": r.learn_ranges, "device_target": r.device_target, "machine": platform.machine(),
-              "images": int(len(images)), "int8_ops": len(qp.ops), "losses": run["losses"],
+              "images": int(len(calibration)), "variants": int(len(images) - len(calibration)),
+              "int8_ops": len(qp.ops), "losses": run["losses"],
               "seconds": round(run["seconds"], 3), "emulated_loss": {"before": before, "retrained": after},
               "kept": kept, "terms": [t[3] for t in loss.terms]}
     write_json(kdir / RETRAIN_JSON, record)
@@ -125,7 +127,8 @@ def _run(b) -> None:
     rec = retrain_stage(b.cfg, kdir, parameters_dir(b, before=NAME), b.dir("graph"), b.calibration_paths())
     e, losses = rec["emulated_loss"], rec["losses"]
     print(f"retrained in {rec['seconds']:.1f} s on {rec['device_target']}: training loss {losses[0]:.4g} -> "
-          f"{losses[-1]:.4g}; INT8 (emulated) on {rec['images']} calibration images {e['before']:.4g} -> "
+          f"{losses[-1]:.4g}; INT8 (emulated) on {rec['images']} calibration images"
+          + (f" and {rec['variants']} variants" if rec.get("variants") else "") + f" {e['before']:.4g} -> "
           f"{e['retrained']:.4g}" + ("" if rec["kept"] == "retrained" else
                                   " -- no better: the parameters it started from are kept") +
           f" -> {kdir / QPARAMS_JSON}")

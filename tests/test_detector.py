@@ -233,12 +233,16 @@ def test_a_detector_project_is_gated_on_every_output(tmp_path):
     steps, tuned = fallback["steps"], fallback["tuning"]["names"]
     sensitivity = json.loads((dirs["sensitivity"] / "sensitivity.json").read_text())
     assert not steps[0]["passed"] and steps[0]["least_cosine"] == tuned_least and len(steps) >= 2
-    # the roll-back stops once no figure FAILs on the tuning images (an UNDECIDED one is noise around the limit)
-    assert steps[-1]["passed"] and steps[-1]["verdict"] != "FAIL" and steps[-1]["failures"] == []
+    # the roll-back stops at a PASS on the tuning images (the gate fails UNDECIDED), where a layer rolled back on
+    # trial past an UNDECIDED check brings the figures no closer (that layer put back), or at max_fallback
+    final = next(s for s in reversed(steps) if not s.get("undone"))
+    assert [f["node"] for f in final["float_ops"]] == [f["node"] for f in fallback["float_ops"]]
+    assert final["verdict"] == "PASS" or steps[-1].get("undone") or len(final["float_ops"]) == 7
     for before, after in zip(steps, steps[1:]):
-        assert before["failures"] and all(set(before["failures"]) <= set(r["per_output"]) for r in sensitivity["ops"])
+        short = before["failures"] or before["undecided"]   # what the next layer is chosen for
+        assert short and all(set(short) <= set(r["per_output"]) for r in sensitivity["ops"])
         done = [f["node"] for f in before["float_ops"]]
-        chosen = next(n for n in rank(sensitivity["ops"], before["failures"]) if n not in done)
+        chosen = next(n for n in rank(sensitivity["ops"], short) if n not in done)
         assert [f["node"] for f in after["float_ops"]] == done + [chosen]
     assert "(below the limit: " + ", ".join(steps[0]["failures"]) + ")" in rolled.stdout
     assert set(tuned).isdisjoint(gate["judged"]) and len(tuned) + len(gate["judged"]) == len(held)

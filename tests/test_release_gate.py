@@ -185,6 +185,67 @@ def test_the_fallback_stops_once_what_is_left_is_within_the_interval():
     assert [q.node for q in selected.ops] == ["n2", "n3"]
 
 
+def _closer(report, before):
+    """tasks.fallback's trial rule: on from a failure, else whether the figures came closer to their limits."""
+    if before["verdict"] == FAIL:
+        return None
+    return intervals.shortfall(report["figures"]) < intervals.shortfall(before["figures"])
+
+
+def test_when_undecided_fails_the_build_the_fallback_goes_on_while_each_layer_helps():
+    """With ``on_undecided = "fail"`` an UNDECIDED check does not stop the roll-back: n2, which lowers the noise a
+    little, is kept; n3, which changes nothing, is put back and the roll-back stops."""
+    base = _scores(_outputs(0.3))
+    limit = (base["value"] + base["high"]) / 2
+    part = {"scores": OutputPart(axis=1, slice="4:", min_cosine=limit)}
+
+    def check(qp):
+        int8 = {q.node for q in qp.ops}
+        return _outputs(0.3 + 1.0 * len({"n0", "n1"} & int8) + 0.1 * ("n2" in int8), parts=part)
+
+    selected, steps = roll_back(_qparams(), ["n0", "n1", "n2", "n3"], check, max_ops=4,
+                                fields=("least_cosine", "failures"),
+                                settled=lambda r: intervals.settled(r["verdict"], "fail"), closer=_closer)
+    assert [s["verdict"] for s in steps] == [FAIL, FAIL, FAIL, UNDECIDED, UNDECIDED]
+    assert [s.get("undone", False) for s in steps] == [False, False, False, False, True]
+    assert [f["node"] for f in steps[-1]["float_ops"]] == ["n0", "n1", "n2", "n3"]
+    assert [q.node for q in selected.ops] == ["n3"] == [q.node for q in _qparams().ops
+                                                        if q.node not in {"n0", "n1", "n2"}]
+    # the kept step is closer than the one before it, the undone one is not closer than the kept one
+    reports = [check(_qparams().without(["n0", "n1"][:k] + (["n2"] if k > 2 else []), "t")) for k in (2, 3)]
+    assert intervals.shortfall(reports[1]["figures"]) < intervals.shortfall(reports[0]["figures"])
+
+
+def test_a_layer_that_does_not_help_an_undecided_check_is_put_back():
+    base = _scores(_outputs(0.3))
+    part = {"scores": OutputPart(axis=1, slice="4:", min_cosine=(base["value"] + base["high"]) / 2)}
+
+    def check(qp):
+        return _outputs(0.3 + 1.0 * len({"n0"} & {q.node for q in qp.ops}), parts=part)
+
+    selected, steps = roll_back(_qparams(), ["n0", "n1", "n2", "n3"], check, max_ops=4,
+                                fields=("least_cosine",), settled=lambda r: intervals.settled(r["verdict"], "fail"),
+                                closer=_closer)
+    assert [s["verdict"] for s in steps] == [FAIL, UNDECIDED, UNDECIDED] and steps[-1]["undone"]
+    assert [q.node for q in selected.ops] == ["n1", "n2", "n3"]
+    # under "warn" the UNDECIDED check settles at once, the trial rule never runs
+    _, warned = roll_back(_qparams(), ["n0", "n1", "n2", "n3"], check, max_ops=4, fields=("least_cosine",),
+                          settled=lambda r: intervals.settled(r["verdict"], "warn"), closer=_closer)
+    assert [s["verdict"] for s in warned] == [FAIL, UNDECIDED] and not any(s.get("undone") for s in warned)
+
+
+def test_the_shortfall_is_the_distance_of_each_deciding_bound_past_its_limit():
+    f = lambda v, lo, hi, limit, kind, gated=True: {"value": v, "low": lo, "high": hi, "limit": limit,  # noqa: E731
+                                                    "kind": kind, "gated": gated}
+    assert intervals.shortfall([f(0.95, 0.9, 0.97, 0.92, "min")]) == pytest.approx(0.02 / 0.92)
+    assert intervals.shortfall([f(0.01, 0.0, 0.03, 0.02, "max")]) == pytest.approx(0.01 / 0.02)
+    assert intervals.shortfall([f(0.5, 0.45, 0.6, 0.4, "min"), f(0.1, None, None, 0.0, "max")]) == pytest.approx(0.1)
+    assert intervals.shortfall([f(0.1, 0.0, 0.3, 0.9, "min", gated=False)]) == 0.0
+    assert intervals.shortfall([f(None, None, None, 0.9, "min")]) == float("inf")
+    assert intervals.settled(UNDECIDED) and not intervals.settled(UNDECIDED, "fail")
+    assert intervals.settled(PASS, "fail") and not intervals.settled(FAIL, "warn")
+
+
 # ------------------------------------------------------------------------------------------------ baseline
 def _with_images(report: dict, names) -> tuple[dict, dict]:
     draws = report.pop(DRAWS)

@@ -44,13 +44,15 @@ def calibrated(clipped_cfg, tmp_path_factory):
     return graph_dir, calibrate_dir, paths
 
 
-def relative_error(cfg, graph_dir, qparams_dir, paths) -> float:
-    """sum (INT8 - FP32)^2 / sum FP32^2 of the logits on ``paths``, INT8 by the emulator: the distillation loss
-    of a one-output network, computed here on its own."""
+def relative_error(cfg, graph_dir, qparams_dir, paths, variants: int = 0) -> float:
+    """sum (INT8 - FP32)^2 / sum FP32^2 of the logits on ``paths`` (and ``variants`` variants of each), INT8 by
+    the emulator: the distillation loss of a one-output network, computed here on its own."""
+    from quantflow.quantization.retraining import variants as with_variants
     from tasks.inputs import image_batches, read_graph
 
     graph = fold_for_quantization(read_graph(cfg, graph_dir))
     x = np.concatenate(list(image_batches(cfg, paths, 32)))
+    x = with_variants(x, variants, cfg.retrain.seed) if variants else x
     fp32 = float_runner(graph).run(x)[graph.outputs[0]].astype(np.float64)
     int8 = Emulator(quantized_graph(graph, QuantParams.load(qparams_dir))).logits(x.astype(np.float16))
     return float(np.mean((int8 - fp32) ** 2) / np.mean(fp32 ** 2))
@@ -80,6 +82,7 @@ def test_a_few_distillation_steps_lower_the_int8_error_and_write_the_artifacts(c
     assert json.loads((out / RETRAIN_JSON).read_text()) == json.loads(json.dumps(record))
     assert record["steps"] == len(record["losses"]) == 12 and record["device_target"] == "CPU"
     assert record["seconds"] > 0 and record["images"] == len(paths) and record["learn_ranges"] == learn_ranges
+    assert record["variants"] == 0
     before, after = relative_error(cfg, graph_dir, calibrate_dir, paths), relative_error(cfg, graph_dir, out, paths)
     assert record["emulated_loss"] == pytest.approx({"before": before, "retrained": after}, rel=1e-6)
     assert record["kept"] == "retrained" and after < before
@@ -97,6 +100,43 @@ def test_a_few_distillation_steps_lower_the_int8_error_and_write_the_artifacts(c
         np.testing.assert_array_equal(a.bias, b.bias)
         assert (b.scale_d, b.offset_d) == ((a.scale_d, a.offset_d) if learn_ranges else (c.scale_d, c.offset_d))
     assert any(not np.array_equal(b.weight, c.weight) for b, c in zip(retrained_qp.ops, calibrated_qp.ops))
+
+
+def test_distillation_learns_from_the_variants_too(clipped_cfg, calibrated, tmp_path):
+    graph_dir, calibrate_dir, paths = calibrated
+    out = tmp_path / "retrain"
+    cfg, record = run_retrain(clipped_cfg, calibrated, out, steps=4, lr=1e-4, batch_size=16, variants=2)
+    assert record["images"] == len(paths) and record["variants"] == 2 * len(paths)
+    # the emulated losses are over the calibration images and their variants, as the stage's images are made
+    before = relative_error(cfg, graph_dir, calibrate_dir, paths, variants=2)
+    kept = relative_error(cfg, graph_dir, out, paths, variants=2)
+    assert record["emulated_loss"]["before"] == pytest.approx(before, rel=1e-6)
+    assert kept == pytest.approx(min(record["emulated_loss"].values()), rel=1e-6)
+    assert before != pytest.approx(relative_error(cfg, graph_dir, calibrate_dir, paths), rel=1e-3)
+
+
+def test_variants_are_shifted_and_contrast_scaled_copies():
+    from quantflow.quantization.retraining import variants
+
+    x = np.random.default_rng(1).normal(size=(5, 3, 16, 12)).astype(np.float32)
+    assert variants(x, 0, 0) is x
+    v = variants(x, 3, seed=7, max_shift=0.25, contrast=0.2)
+    assert v.shape == (20, 3, 16, 12) and v.dtype == np.float32
+    np.testing.assert_array_equal(v[:5], x)
+    np.testing.assert_array_equal(v, variants(x, 3, seed=7, max_shift=0.25, contrast=0.2))  # seeded
+    assert not np.array_equal(v[5:10], variants(x, 1, seed=8, max_shift=0.25, contrast=0.2)[5:])
+    for k in range(5, 20):
+        src, y = x[k % 5], v[k].astype(np.float64)
+        # some shift (dy, dx) within 1/4 of each side, edges replicated, then contrast about the image's mean
+        found = []
+        for dy in range(-4, 5):
+            for dx in range(-3, 4):
+                moved = np.pad(src, ((0, 0), (4, 4), (3, 3)), mode="edge")[:, 4 - dy:20 - dy, 3 - dx:15 - dx]
+                m = moved.astype(np.float64) - moved.mean()
+                gain = float(np.sum(m * (y - moved.mean())) / np.sum(m * m))
+                if 0.8 <= gain <= 1.2 and np.allclose(moved.mean() + gain * m, y, atol=1e-5):
+                    found.append((dy, dx))
+        assert found, f"variant {k} is not a shifted, contrast-scaled copy of image {k % 5}"
 
 
 def labels_loss(cfg, network):

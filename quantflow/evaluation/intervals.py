@@ -121,10 +121,30 @@ def passes(v: str, on_undecided: str) -> bool:
     return v == PASS or (v == UNDECIDED and on_undecided != "fail")
 
 
-def settled(v: str) -> bool:
-    """The automatic fallback's stopping rule: no figure FAILs on the tuning images.  An UNDECIDED figure there
-    is within sampling noise of its limit; rolling another layer back for it would chase noise."""
-    return v != FAIL
+def settled(v: str, on_undecided: str = "pass") -> bool:
+    """The automatic fallback's stopping rule on the tuning images: the verdict ``v`` the gate would pass there.
+    With ``evaluation.on_undecided = "fail"`` only a PASS (the gate fails an UNDECIDED verdict: a roll-back that
+    stopped there would hand the gate a build it expects to fail); otherwise no figure FAILs (an UNDECIDED figure
+    is within sampling noise of its limit, and rolling another layer back for it would chase noise).  Past an
+    UNDECIDED check the fallback goes on only while each layer brings the figures closer (``shortfall``)."""
+    return v == PASS if on_undecided == "fail" else v != FAIL
+
+
+def shortfall(figures: list[dict]) -> float:
+    """How far the gated ``figures`` are from meeting their limits: for each, the distance past its limit of the
+    bound that decides a PASS (the interval's low end for a minimum, high end for a maximum; the value where
+    there is no interval; infinite where it is not measured), relative to the limit (absolute for a limit of 0),
+    summed.  0 when every gated figure PASSes."""
+    total = 0.0
+    for f in figures:
+        if not f.get("gated", True):
+            continue
+        bound = f["value"] if f["low"] is None else f["low"] if f["kind"] == "min" else f["high"]
+        if bound is None:
+            return math.inf
+        past = (f["limit"] - bound) if f["kind"] == "min" else (bound - f["limit"])
+        total += max(0.0, past) / (abs(f["limit"]) or 1.0)
+    return total
 
 
 def number(v) -> str:

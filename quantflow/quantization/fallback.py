@@ -8,9 +8,10 @@ quantize_with_accuracy_control.  Every step's accuracy is recorded.  Where the c
 (a detector's failing heads), each next op is the most sensitive on that (``rerank``).
 
 With ``settled`` (the build's: ``evaluation.intervals.settled``, every figure with a bootstrap interval) the
-roll-back stops once no figure FAILs on the tuning images: an UNDECIDED figure -- its interval straddles the limit --
-is within sampling noise of it, and rolling another layer back for noise would cost INT8 for nothing (the gate
-then judges its own images, ``evaluation.on_undecided`` deciding an UNDECIDED verdict there).
+roll-back stops at the verdict the gate would pass on the tuning images.  Where that asks for a PASS and the check
+is UNDECIDED -- its interval straddles the limit -- the next layer is rolled back only on trial (``closer``): kept
+if the check comes closer to passing, else put back and the roll-back stops, for what is left is what the tuning
+images cannot tell apart, not a layer (rolling layers back for noise would cost INT8 for nothing).
 """
 from __future__ import annotations
 
@@ -27,23 +28,34 @@ def without(qparams: QuantParams, nodes) -> QuantParams:
 def roll_back(qparams: QuantParams, ranking: list[str], check: Callable[[QuantParams], dict],
               max_ops: int, fields: tuple[str, ...] = ("int8_top1", "drop"),
               rerank: Callable[[dict], list[str]] | None = None,
-              settled: Callable[[dict], bool] | None = None) -> tuple[QuantParams, list[dict]]:
+              settled: Callable[[dict], bool] | None = None,
+              closer: Callable[[dict, dict], bool | None] | None = None) -> tuple[QuantParams, list[dict]]:
     """(the selected parameters, the steps).  ``check(qparams)`` returns at least ``passed`` and ``fields``
-    (the gate metric's step keys); each step records those with the ops in float at that point.
+    (the gate metric's step keys); each step records those with the ops in float at that point (and the check's
+    ``verdict`` and ``undecided`` labels where it gives them).
     ``rerank(result)``, when given, is the ranking the next op is taken from after a failed check;
-    ``settled(result)``, when given, says when to stop instead of ``passed`` (``evaluation.intervals.settled``)."""
+    ``settled(result)``, when given, says when to stop instead of ``passed`` (``evaluation.intervals.settled``);
+    ``closer(result, before)``, when given, is None where the check before was a failure the roll-back must go
+    on from, else whether ``result`` is closer to passing than ``before``: a step that is not is marked
+    ``"undone": true``, its op put back, and the roll-back stops at the step before it."""
     in_float: list[str] = []
     scopes = {q.node: q.scope for q in qparams.ops}
     steps = []
     candidates = [n for n in ranking if n in scopes]
+    before = None
     while True:
         current = without(qparams, in_float)
         result = check(current)
         done = bool(settled(result) if settled else result["passed"])
         steps.append({"float_ops": [{"node": n, "scope": scopes[n]} for n in in_float],
                       "int8_ops": len(current.ops), **{k: result[k] for k in fields}, "passed": done,
-                      **({"verdict": result["verdict"]} if "verdict" in result else {})})
+                      **({k: result[k] for k in ("verdict", "undecided") if k in result})})
+        if not done and before is not None and closer is not None and closer(result, before) is False:
+            steps[-1]["undone"] = True
+            in_float.pop()
+            return without(qparams, in_float), steps
         if done or len(in_float) >= min(max_ops, len(candidates)):
             return current, steps
+        before = result
         order = [n for n in rerank(result) if n in scopes] if rerank else candidates
         in_float.append(next(n for n in order + candidates if n not in in_float))

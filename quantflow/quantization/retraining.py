@@ -8,6 +8,11 @@ with Adam, then requantized through the scheme (``FakeQuantNet.requantized``).
   pixels -- weighs as much as a large one);
 - ``labels``: the user's loss, ``loss(step)`` from ``retrain.entry(config, network)``.
 
+Distillation needs no labels, so it can learn from more than the calibration images: ``variants`` adds seeded
+label-free variants of each (shifted, contrast changed), which the teacher labels by its own output.  On a few
+hundred images the student otherwise learns those images' outputs, not the network's function (measured on the
+imbalanced MobileNetV1 example: README, Retraining).
+
 The learning rate decays from ``lr`` to a tenth of it over the steps (cosine).  ``train`` returns the loss of
 every step; the retrain stage measures the result on the emulator (``emulated_loss``), which is what the device
 computes, not the training network's float32 view of it.
@@ -21,6 +26,29 @@ import numpy as np
 from mindspore import nn, ops
 
 from ..progress import progress
+
+
+def variants(images: np.ndarray, copies: int, seed: int, max_shift: float = 0.125,
+             contrast: float = 0.2) -> np.ndarray:
+    """``images`` [N, C, H, W] followed by ``copies`` variants of each: translated by up to ``max_shift`` of the
+    height and of the width (whole pixels, edges replicated) and with the contrast scaled by 1 +- ``contrast``
+    about each image's mean, seeded.  No label is assumed to survive the change: the teacher labels each variant."""
+    if copies <= 0:
+        return images
+    rng = np.random.default_rng(seed)
+    n, _, h, w = images.shape
+    out = [images]
+    for _ in range(copies):
+        dy = rng.integers(-int(h * max_shift), int(h * max_shift) + 1, n)
+        dx = rng.integers(-int(w * max_shift), int(w * max_shift) + 1, n)
+        gain = rng.uniform(1 - contrast, 1 + contrast, n).astype(images.dtype)
+        rows = np.clip(np.arange(h)[None, :] - dy[:, None], 0, h - 1)  # [N, H]: the source row of each row
+        cols = np.clip(np.arange(w)[None, :] - dx[:, None], 0, w - 1)
+        moved = images[np.arange(n)[:, None, None, None], np.arange(images.shape[1])[None, :, None, None],
+                       rows[:, None, :, None], cols[:, None, None, :]]
+        mean = moved.mean(axis=(1, 2, 3), keepdims=True)
+        out.append((mean + gain[:, None, None, None] * (moved - mean)).astype(images.dtype))
+    return np.concatenate(out)
 
 
 class DistillLoss:

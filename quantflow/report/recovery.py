@@ -25,7 +25,7 @@ def section(record: dict | None) -> str:
         def said(c: dict) -> str:
             return c.get("verdict") or ("PASS" if c["passed"] else "FAIL")
         out.append(f"<p>Check on the fallback's tuning images after the cheap methods: {said(check)}"
-                   + (f"; after the costly ones (run where a figure FAILs there): {said(record['check_after'])}"
+                   + (f"; after the costly ones (run where the gate would not pass it): {said(record['check_after'])}"
                       if record.get("check_after") else "") + ".</p>")
     for s in steps:
         n = s["notes"]
