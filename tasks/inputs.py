@@ -39,6 +39,20 @@ def output_names(cfg, graph) -> dict | None:
     return dict(zip(graph.outputs, declared)) if len(declared) == len(graph.outputs) else None
 
 
+def compared_regions(cfg, graph) -> list:
+    """Each network output once, at the finest the gate compares it (``evaluation.parts.finest``: its parts, else
+    the whole output), named as the graph IR names its outputs: what the retraining's loss and the recovery's
+    guard are taken over, so that no part hides another."""
+    from dataclasses import replace
+
+    from quantflow.evaluation.outputs import network_regions
+    from quantflow.evaluation.parts import finest
+
+    names = output_names(cfg, graph) or {}
+    by_name = {names.get(o, o): o for o in graph.outputs}   # the regions name outputs as the model file does
+    return [replace(r, output=by_name[r.output]) for r in finest(network_regions(graph, cfg.evaluation, names=names))]
+
+
 # the stages that write the INT8 parameters (qparams), in build order: each reads the last one before it that the
 # configuration has, and the stages after them (the per-layer analysis, the fallback) read the last of all
 PARAMETER_STAGES = ("calibrate", "recover", "retrain")

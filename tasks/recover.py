@@ -24,7 +24,7 @@ import numpy as np
 from quantflow.io.atomic import write_json, write_text
 from quantflow.quantization.qparams import QPARAMS_JSON, QPARAMS_NPZ, QuantParams
 
-from .inputs import image_batches, output_names, read_graph
+from .inputs import compared_regions, image_batches, output_names, read_graph
 from .stage import Stage
 
 NAME = "recover"
@@ -68,7 +68,7 @@ def recover_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, calibra
         return new
 
     auto = q.recover == "auto"
-    ctx = Context(graph, inputs, recalibrate, q.recovery_iterations, auto=auto)
+    ctx = Context(graph, inputs, recalibrate, q.recovery_iterations, auto=auto, regions=compared_regions(cfg, graph))
     print(f"recovery ({'auto: ' + ', '.join(CHEAP) if auto else ', '.join(q.recover)}) on {len(calibration_paths[:q.recovery_images])} "
           f"calibration images")
     qp, record = recover(ctx, qp, CHEAP if auto else q.recover, guard=auto)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import platform
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ from quantflow.errors import ConfigError, QuantflowError
 from quantflow.io.atomic import atomic_path, write_json
 from quantflow.quantization.qparams import QPARAMS_JSON, QPARAMS_NPZ, QuantParams
 
-from .inputs import image_batches, output_names, parameters_dir, read_graph
+from .inputs import compared_regions, image_batches, parameters_dir, read_graph
 from .preflight import module_file
 from .stage import Stage
 
@@ -36,14 +35,9 @@ RETRAIN_JSON, RETRAINED_CKPT = "retrain.json", "retrained.ckpt"
 def _loss(cfg, graph, images: np.ndarray):
     """The distillation loss against the FP32 network's outputs on ``images``."""
     from quantflow.engine.runner import float_runner
-    from quantflow.evaluation.outputs import network_regions
     from quantflow.quantization.retraining import DistillLoss
 
-    teacher = float_runner(graph).run(images)
-    names = output_names(cfg, graph) or {}
-    regions = network_regions(graph, cfg.evaluation, names=names)
-    by_name = {names.get(o, o): o for o in graph.outputs}  # the regions name outputs as the model file does
-    return DistillLoss([replace(r, output=by_name[r.output]) for r in regions], list(graph.outputs), teacher)
+    return DistillLoss(compared_regions(cfg, graph), list(graph.outputs), float_runner(graph).run(images))
 
 
 def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibration_paths: list[Path]) -> dict:

@@ -89,7 +89,7 @@ def test_every_trained_parameter_gets_a_gradient(demo):
 def test_the_distillation_loss_weighs_each_part_by_its_own_energy():
     import mindspore as ms
 
-    from quantflow.evaluation.parts import Region
+    from quantflow.evaluation.parts import Region, finest
     from quantflow.quantization.retraining import DistillLoss
 
     rng = np.random.default_rng(0)
@@ -98,7 +98,7 @@ def test_the_distillation_loss_weighs_each_part_by_its_own_energy():
     teacher = {"out": np.concatenate([boxes, scores], axis=1), "aux": rng.normal(size=(8, 2)).astype(np.float32)}
     regions = [Region("out", "out", (8, 7, 5)), Region("boxes", "out", (8, 4, 5), 1, 0, 4, "boxes"),
                Region("scores", "out", (8, 3, 5), 1, 4, 7, "scores"), Region("aux", "aux", (8, 2))]
-    loss = DistillLoss(regions, ["out", "aux"], teacher)
+    loss = DistillLoss(finest(regions), ["out", "aux"], teacher)
     assert [t[3] for t in loss.terms] == ["boxes", "scores", "aux"]   # the split output by its parts only
     student = [teacher["out"] + 0.1, teacher["aux"] - 0.1]
     want = sum(0.01 / np.mean(np.square(t, dtype=np.float64)) for t in (boxes, scores, teacher["aux"]))

@@ -18,7 +18,7 @@ from quantflow.quantization.deploy import quantized_graph
 from quantflow.quantization.qparams import QuantParams
 from quantflow.quantization.recovery import Context, recover
 from quantflow.quantization.recovery.equalize import equalize, find_pairs
-from quantflow.quantization.recovery.measure import NETWORK
+from quantflow.quantization.recovery.measure import GUARD, NETWORK, REGION, layer_sqnr
 
 N, H = 4, 8
 NARROW = 256.0   # how many times narrower than the widest the imbalanced channels are
@@ -119,6 +119,43 @@ def test_equalization_raises_the_int8_output_sqnr_and_records_it():
     got = Emulator(quantized_graph(g, new)).logits(x.astype(np.float16)).astype(np.float64)
     sqnr = 10 * np.log10((ref ** 2).sum() / ((ref - got) ** 2).sum())
     assert sqnr == pytest.approx(step["after"][NETWORK], abs=0.05)
+
+
+def test_each_compared_region_is_measured_and_the_guard_takes_the_least():
+    from quantflow.evaluation.parts import Region
+
+    g = chain_net()
+    calib = images(3)
+    qp = calibrate(g, calib, "minmax", rollback_small_channels=False)
+    shape = g.shape("out")
+    regions = [Region("wide", "out", shape, axis=1, start=0, stop=7, part="wide"),
+               Region("rest", "out", shape, axis=1, start=7, stop=10, part="rest")]
+    got = layer_sqnr(g, qp, calib, regions=regions)
+    x = np.concatenate(calib)
+    ref = float_runner(g).run(x)["out"].astype(np.float64)
+    q = Emulator(quantized_graph(g, qp)).logits(x.astype(np.float16)).astype(np.float64)
+    for r in regions:
+        a, b = ref[:, r.start:r.stop], q[:, r.start:r.stop]
+        assert got[REGION + r.label] == pytest.approx(10 * np.log10((a ** 2).sum() / ((a - b) ** 2).sum()), abs=0.05)
+    assert got[GUARD] == min(got[REGION + "wide"], got[REGION + "rest"])
+    plain = layer_sqnr(g, qp, calib)
+    assert plain[GUARD] == plain[NETWORK] == got[NETWORK] and not any(k.startswith(REGION) for k in plain)
+
+
+def test_the_guard_undoes_a_method_that_lowers_the_least_region_whatever_the_pooled_figure(monkeypatch):
+    """A method that raises the network's pooled SQNR while lowering a small part's (a detector's scores beside
+    its boxes) is undone by the guard; one that raises the least region is kept."""
+    import quantflow.quantization.recovery as recovery
+
+    g = chain_net()
+    calib = images(1)
+    qp = calibrate(g, calib, "minmax", rollback_small_channels=False)
+    figures = iter([{NETWORK: 20.0, GUARD: 10.0}, {NETWORK: 25.0, GUARD: 8.0}, {NETWORK: 19.0, GUARD: 11.0}])
+    monkeypatch.setattr(recovery, "_measure", lambda ctx, p: next(figures))
+    monkeypatch.setitem(recovery.METHODS, "tweak", recovery.RecoveryMethod(
+        "tweak", False, lambda ctx, p: (QuantParams(p.method, list(p.ops)), {"summary": "tweaked"}), "test"))
+    _, record = recover(Context(g, calib, lambda r: r), qp, ["tweak", "tweak"], guard=True)
+    assert [s["kept"] for s in record["steps"]] == [False, True]
 
 
 def test_the_emulation_of_recovered_parameters_is_every_deploy_graph(tmp_path):

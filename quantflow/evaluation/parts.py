@@ -63,6 +63,11 @@ class Region:
             return ""
         return "[" + ", ".join([":"] * self.axis + [f"{self.start}:{self.stop}"]) + "]"
 
+    @property
+    def index(self) -> tuple:
+        """This region's index into its output's batch array (``()`` for a whole output)."""
+        return (slice(None),) * self.axis + (slice(self.start, self.stop),) if self.axis is not None else ()
+
     def take(self, batch: np.ndarray, n: int) -> np.ndarray:
         """This region of ``batch`` (the output for ``n`` images), one row per image.  A part needs the images
         first (the output's axis 0); a whole output is only cut into ``n`` equal rows."""
@@ -71,7 +76,7 @@ class Region:
             if len(batch) != n:
                 raise ConfigError(f"evaluation.parts.{self.part}: output {self.output} does not hold the images "
                                   f"along its first axis ({len(batch)} rows for {n} images); parts need it")
-            batch = batch[(slice(None),) * self.axis + (slice(self.start, self.stop),)]
+            batch = batch[self.index]
         return batch.reshape(n, -1)
 
 
@@ -124,6 +129,14 @@ def regions(parts: dict, outputs: list[tuple[str, tuple]], whole_min_cosine: flo
 # [batch, 4 + classes, anchors], boxes as cx, cy, w, h in input pixels.  YOLOv5 / v7 (models/yolo.py, Detect in
 # export mode: cat(z, 1)) and YOLOX (yolox/models/yolo_head.py: cat(reg, obj.sigmoid(), cls.sigmoid()), anchors
 # last-but-one): [batch, anchors, 5 + classes], boxes, objectness, class scores.
+def finest(regions: list) -> list:
+    """Each output once, at the finest the gate looks at it: its parts where ``evaluation.parts`` names any,
+    else the output whole.  What a figure that must not let one region hide another is taken over (the
+    retraining's distillation loss, the recovery's guard)."""
+    split = {r.output for r in regions if r.part}
+    return [r for r in regions if r.part or r.output not in split]
+
+
 def head_layout(shape) -> str | None:
     """``"yolov8"`` ([batch, 4 + classes, anchors]), ``"yolov5"`` ([batch, anchors, 5 + classes]: YOLOv5, v7,
     YOLOX) or None, for an output of ``shape`` (None for a dimension not fixed in the model file)."""

@@ -52,16 +52,15 @@ def variants(images: np.ndarray, copies: int, seed: int, max_shift: float = 0.12
 
 
 class DistillLoss:
-    """The distillation loss (module doc) over ``regions`` (``quantflow.evaluation.parts.Region``: the output
-    index of each in ``outputs``), against ``teacher``: output name -> FP32 outputs of all the images."""
+    """The distillation loss (module doc) over ``regions`` (``quantflow.evaluation.parts.Region``s, each output
+    once: ``parts.finest``; ``output`` the name of each in ``outputs``), against ``teacher``: output name -> FP32
+    outputs of all the images."""
 
     def __init__(self, regions: list, outputs: list[str], teacher: dict[str, np.ndarray]):
         self.terms = []
         for r in regions:
-            if r.part is None and any(p.output == r.output and p.part for p in regions):
-                continue  # an output split into parts is learned on its parts
             t = teacher[r.output]
-            sel = (slice(None),) * r.axis + (slice(r.start, r.stop),) if r.axis is not None else ()
+            sel = r.index
             energy = float(np.mean(np.square(t[sel], dtype=np.float64))) or 1.0
             self.terms.append((outputs.index(r.output), sel, energy, r.label))
         self.teacher = [teacher[o] for o in outputs]

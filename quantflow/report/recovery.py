@@ -6,7 +6,7 @@ import html
 
 from ..quantization.qparams import short_names
 from ..quantization.recovery import layer_table
-from ..quantization.recovery.measure import NETWORK
+from ..quantization.recovery.measure import NETWORK, REGION
 
 
 def _db(v) -> str:
@@ -42,7 +42,8 @@ def section(record: dict | None) -> str:
         return "".join(out)
     rows = layer_table(record)
     cols = ["before"] + [f"{i}:{s['method']}" for i, s in enumerate(steps)]
-    short = short_names([r["scope"] for r in rows if r["node"] != NETWORK] or ["-"])
+    short = short_names([r["scope"] for r in rows if r["node"] != NETWORK and not r["node"].startswith(REGION)]
+                        or ["-"])
     head = "".join(f"<th>{html.escape(h)}</th>" for h in ["layer", "before"] + [s["method"] for s in steps])
     body = "".join("<tr>" + f'<td title="{html.escape(r["scope"])}">{html.escape(short.get(r["scope"], r["scope"]))}'
                    "</td>" + "".join(f"<td>{_db(r[c])}</td>" for c in cols) + "</tr>" for r in rows)

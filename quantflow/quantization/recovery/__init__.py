@@ -10,7 +10,7 @@ images, in the device's arithmetic.  One module per method, behind ``METHODS`` (
 
 ``recover`` runs the methods asked for in order and measures, before and after each, every INT8 op's output
 (with all ops in INT8) and the network's outputs against FP32 (``measure``); with ``guard`` a method that lowers
-the network's output SQNR is undone.  Only ``QuantParams`` change: int8 weights, scales, biases, and the folded
+the least SQNR of the regions the gate compares (each output, or its parts: ``measure.GUARD``) is undone.  Only ``QuantParams`` change: int8 weights, scales, biases, and the folded
 graph's float weights (``QuantParams.float_weights``) that every deploy graph is built from.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 from ...ir import Graph
 from ...progress import progress
 from ..qparams import QuantParams
-from .measure import NETWORK, layer_sqnr, references
+from .measure import GUARD, NETWORK, REGION, layer_sqnr, references
 
 
 @dataclass
@@ -34,6 +34,7 @@ class Context:
     iterations: int = 3                            # adaround: coordinate-descent passes per layer, at most
     positions: int = 2048                          # adaround / ranges: output positions sampled per layer
     auto: bool = False                             # "auto": equalize only the tensors INT8 starves (equalize.py)
+    regions: list | None = None                    # the outputs / parts the guard judges (measure.layer_sqnr)
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def recover(ctx: Context, qp: QuantParams, methods, guard: bool = False,
     """(the recovered parameters, the record): ``methods`` (names in ``METHODS``) run in order on ``qp``.  The
     record holds per method what it did and every INT8 op's output SQNR (dB, all ops in INT8) before and after,
     and the network's (none where no method changed anything: then no emulation runs); ``guard``: a method that
-    lowers the network's output SQNR is undone (``kept`` false).
+    lowers the least SQNR of ``ctx.regions`` (``measure.GUARD``) is undone (``kept`` false).
     ``record``: an earlier record to continue (its last measurement is this ``qp``'s)."""
     record = record or {"layers": {q.node: {"scope": q.scope} for q in qp.ops}, "steps": []}
     for name in methods:
@@ -96,7 +97,7 @@ def recover(ctx: Context, qp: QuantParams, methods, guard: bool = False,
             after = _measure(ctx, new)
             bar.update(1)
         current = _last(record)
-        kept = not guard or after[NETWORK] >= current[NETWORK]
+        kept = not guard or after[GUARD] >= current[GUARD]
         record["steps"].append({"method": name, "kept": kept, "notes": notes, "after": after})
         for q in qp.ops:
             record["layers"].setdefault(q.node, {"scope": q.scope})
@@ -111,15 +112,17 @@ def _last(record: dict) -> dict:
 
 
 def _measure(ctx: Context, qp: QuantParams) -> dict:
-    return layer_sqnr(ctx.graph, qp, ctx.inputs, references(ctx.graph, qp, ctx.inputs))
+    return layer_sqnr(ctx.graph, qp, ctx.inputs, references(ctx.graph, qp, ctx.inputs), ctx.regions)
 
 
 def layer_table(record: dict) -> list[dict]:
     """One row per INT8 op of the record: its scope and output SQNR before recovery and after each step (None
-    where the op was not INT8 then), and the network's row last."""
+    where the op was not INT8 then), then the network's row and one per compared region (``measure.REGION``)."""
     steps = record["steps"]
     rows = []
-    for node, info in list(record["layers"].items()) + [(NETWORK, {"scope": NETWORK})]:
+    regions = [k for k in record.get("before", {}) if k.startswith(REGION)]
+    for node, info in (list(record["layers"].items()) + [(NETWORK, {"scope": NETWORK})]
+                       + [(k, {"scope": k}) for k in regions]):
         rows.append({"node": node, "scope": info["scope"], "before": record.get("before", {}).get(node),
                      **{f"{i}:{s['method']}": s["after"].get(node) for i, s in enumerate(steps)}})
     return rows

@@ -17,6 +17,8 @@ from ..qparams import QuantParams
 from ..sensitivity import Agreement
 
 NETWORK = "network output"   # the key of the network's outputs (pooled) in a measurement
+REGION = "output region: "   # the prefix of a compared region's key (an output, or a part of one: its label)
+GUARD = "least region"       # the key of the guard's figure: the least SQNR of the compared regions
 
 
 def references(graph: Graph, qparams: QuantParams, inputs: list[np.ndarray], nodes=None) -> list[dict]:
@@ -31,9 +33,12 @@ def references(graph: Graph, qparams: QuantParams, inputs: list[np.ndarray], nod
 
 
 def layer_sqnr(graph: Graph, qparams: QuantParams, inputs: list[np.ndarray],
-               refs: list[dict] | None = None) -> dict[str, float]:
-    """node -> SQNR (dB) of each INT8 op's output with all ops in INT8, and ``NETWORK`` -> the network's outputs
-    pooled, on ``inputs`` (float N,C,H,W batches; the emulation reads them as float16)."""
+               refs: list[dict] | None = None, regions: list | None = None) -> dict[str, float]:
+    """node -> SQNR (dB) of each INT8 op's output with all ops in INT8; ``NETWORK`` -> the network's outputs
+    pooled; per region of ``regions`` (each output once, whole or by its parts: ``evaluation.parts.finest``, in
+    IR names) ``REGION + label`` -> its SQNR; and ``GUARD`` -> the least of those (the pooled figure without
+    regions), on ``inputs`` (float N,C,H,W batches; the emulation reads them as float16).  Pooled, a detector's
+    boxes in pixels would hide its scores in 0..1; the least region does not."""
     refs = refs if refs is not None else references(graph, qparams, inputs)
     g = qparams.apply(graph)
     out_of = {n.name: n.outputs[0] for n in g.nodes}
@@ -41,10 +46,16 @@ def layer_sqnr(graph: Graph, qparams: QuantParams, inputs: list[np.ndarray],
     emu = Emulator(quantized_graph(g, qparams), extra_outputs=outs)
     each = {q.node: Agreement() for q in qparams.ops}
     network = Agreement()
+    parts = {r.label: Agreement() for r in regions or []}
     for x, ref in zip(inputs, refs):
         got = emu.outputs(np.asarray(x, np.float16), list(dict.fromkeys(outs + list(g.outputs))))
         for q in qparams.ops:
             each[q.node].add(ref[out_of[q.node]], got[out_of[q.node]])
         for o in g.outputs:
             network.add(ref[o], got[o])
-    return {**{n: a.sqnr_db for n, a in each.items()}, NETWORK: network.sqnr_db}
+        for r in regions or []:
+            parts[r.label].add(ref[r.output][r.index], got[r.output][r.index])
+    figures = {**{n: a.sqnr_db for n, a in each.items()}, NETWORK: network.sqnr_db,
+               **{REGION + k: a.sqnr_db for k, a in parts.items()}}
+    figures[GUARD] = min((a.sqnr_db for a in parts.values()), default=network.sqnr_db)
+    return figures

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..qparams import fit, short_names
 from . import layer_table
-from .measure import NETWORK
+from .measure import NETWORK, REGION
 
 
 def _db(v) -> str:
@@ -20,18 +20,19 @@ def text_table(record: dict, top: int | None = None) -> str:
     rows = layer_table(record)
     cols = ["before"] + [f"{i}:{s['method']}" for i, s in enumerate(record["steps"])]
     heads = ["before"] + [s["method"] + ("" if s["kept"] else " (undone)") for s in record["steps"]]
-    layers = [r for r in rows if r["node"] != NETWORK]
+    layers = [r for r in rows if r["node"] != NETWORK and not r["node"].startswith(REGION)]
+    outputs = [r for r in rows if r not in layers]   # the network's row, then the compared regions'
     if top:
         def gain(r):
             vals = [r[c] for c in cols if r[c] is not None and r[c] != float("inf")]
             return -(vals[-1] - vals[0]) if len(vals) > 1 else 0.0
         layers = sorted(layers, key=gain)[:top]
-    short = short_names([r["scope"] for r in rows if r["node"] != NETWORK] or ["-"])
-    width = min(40, max([len(short.get(r["scope"], r["scope"])) for r in layers] + [len(NETWORK)]))
+    short = short_names([r["scope"] for r in rows if r not in outputs] or ["-"])
+    width = min(40, max([len(short.get(r["scope"], r["scope"])) for r in layers + outputs]))
     lines = [f"output SQNR dB (every op in INT8) against FP32, before recovery and after each method"
              f"{f' (the {top} ops that gained most)' if top else ''}",
              f"  {'layer':<{width}} " + " ".join(f"{h:>18}" for h in heads)]
-    for r in layers + [next(r for r in rows if r["node"] == NETWORK)]:
+    for r in layers + outputs:
         name = short.get(r["scope"], r["scope"])
         lines.append(f"  {fit(name, width):<{width}} " + " ".join(f"{_db(r[c]):>18}" for c in cols))
     for s in record["steps"]:
