@@ -486,6 +486,10 @@ class RetrainSection(_Section):
     seed: int = Field(default=0, ge=0, description="the order of the images and MindSpore's seed")
     learn_ranges: bool = Field(default=False, description="learn the activation ranges (AscendQuant's scale and "
                                                           "offset) too; false: frozen at the calibrated ones")
+    learn_scales: bool = Field(default=False, description="learn a scale per channel between two INT8 convolutions "
+                                                          "(the first's output channel times s, the second's input "
+                                                          "channel divided by it): moves range between the channels "
+                                                          "of a tensor INT8 quantizes with one scale")
     device_target: Literal["CPU", "GPU", "Ascend"] = Field(
         default="CPU", description="where MindSpore trains: CPU here; GPU or Ascend on a training host")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import platform
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -65,9 +66,10 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
             raise ConfigError(f"retrain.device_target = {r.device_target!r}: MindSpore cannot train there on this "
                               f"machine ({str(err).splitlines()[0]})") from None
         ms.set_seed(r.seed)
-        net = FakeQuantNet(graph, qp, kdir / "network", learn_ranges=r.learn_ranges)
-        print(f"retraining {len(qp.ops)} INT8 ops ({r.mode}, {r.steps} steps, lr {r.lr}, "
-              f"{'weights and ranges' if r.learn_ranges else 'weights; ranges frozen'}) on {r.device_target}")
+        net = FakeQuantNet(graph, qp, kdir / "network", learn_ranges=r.learn_ranges, learn_scales=r.learn_scales)
+        learned = ["weights"] + ["ranges"] * r.learn_ranges + [f"channel scales of {len(net.pairs)} pair(s)"] * r.learn_scales
+        print(f"retraining {len(qp.ops)} INT8 ops ({r.mode}, {r.steps} steps, lr {r.lr}, {', '.join(learned)}"
+              f"{'' if r.learn_ranges else '; ranges frozen'}) on {r.device_target}")
         try:
             if r.mode == "distill":
                 run = train_distill(net, images, loss, r.steps, r.lr, r.batch_size, r.seed)
@@ -77,8 +79,13 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
             raise QuantflowError(f"retrain: training the fake-quant network {kdir / 'network' / QAT_NET_PY} failed"
                                  f"{' in retrain.entry ' + r.entry if r.entry else ''}: "
                                  f"{(str(err).strip().splitlines() or [type(err).__name__])[0]}") from None
-        learned = net.learned()
-        retrained = net.requantized()
+        learned_values = net.learned()
+        # the learned float weights become the parameters' own (a layer the fallback rolls back later runs them, and
+        # a rescaled pair stays matched)
+        retrained = replace(net.requantized(), float_weights={
+            **qp.float_weights, **{n: {"weight": v["weight"], "bias": v["bias"]} for n, v in learned_values.items()}})
+        pairs = [{"pair": p.describe(), "tensor": p.tensor, "scales": [float(s.min()), float(s.max())]}
+                 for p, s in zip(net.pairs, net.channel_scales().values())]
     finally:
         ms.set_context(mode=mode)
     if not np.all(np.isfinite(run["losses"])):
@@ -87,9 +94,10 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
     after = emulated_loss(graph, retrained, images, loss)
     kept = "retrained" if after < before else "started from"
     (retrained if kept == "retrained" else qp).save(kdir)
-    _save_checkpoint(kdir / RETRAINED_CKPT, learned, qp)
+    _save_checkpoint(kdir / RETRAINED_CKPT, learned_values, qp)
     record = {"mode": r.mode, "steps": r.steps, "lr": r.lr, "batch_size": r.batch_size, "seed": r.seed,
-              "learn_ranges": r.learn_ranges, "device_target": r.device_target, "machine": platform.machine(),
+              "learn_ranges": r.learn_ranges, "learn_scales": r.learn_scales, "scaled_pairs": pairs,
+              "device_target": r.device_target, "machine": platform.machine(),
               "images": int(len(calibration)), "variants": int(len(images) - len(calibration)),
               "int8_ops": len(qp.ops), "losses": run["losses"],
               "seconds": round(run["seconds"], 3), "emulated_loss": {"before": before, "retrained": after},

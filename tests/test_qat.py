@@ -105,3 +105,72 @@ def test_the_distillation_loss_weighs_each_part_by_its_own_energy():
     assert loss.numpy(student) == pytest.approx(want, rel=1e-5)
     got = loss.mindspore(tuple(ms.Tensor(s) for s in student), tuple(ms.Tensor(t) for t in loss.teacher))
     assert float(got.asnumpy()) == pytest.approx(want, rel=1e-4)
+
+
+def pair_net(seed: int = 0):
+    """x -> c0 -> ReLU6 -> c1 (depthwise) -> ReLU -> c2, in the IR: two pairs whose channels can be rescaled."""
+    from test_recovery import H, N, _conv
+
+    from quantflow.ir import Graph, Node, TensorInfo
+
+    rng = np.random.default_rng(seed)
+    w = {"c0": rng.normal(0, 0.3, (16, 8, 3, 3)), "c1": rng.normal(0, 0.3, (16, 1, 3, 3)),
+         "c2": rng.normal(0, 0.3, (10, 16, 1, 1))}
+    b = {k: rng.normal(0, 0.1, v.shape[0]) for k, v in w.items()}
+    nodes = [_conv("c0", "x", "y0", w["c0"], b["c0"], pad=1), Node("a0", "ReLU6", ["y0"], ["z0"]),
+             _conv("c1", "z0", "y1", w["c1"], b["c1"], group=16, pad=1), Node("a1", "ReLU", ["y1"], ["z1"]),
+             _conv("c2", "z1", "out", w["c2"], b["c2"])]
+    inits = {f"{k}.{p}": v.astype(np.float32) for p, d in (("w", w), ("b", b)) for k, v in d.items()}
+    tensors = {"x": TensorInfo((N, 8, H, H))}
+    for n in nodes:
+        cout = inits[f"{n.name}.w"].shape[0] if n.op == "Conv2D" else None
+        tensors[n.outputs[0]] = TensorInfo((N, cout or tensors[n.inputs[0]].shape[1], H, H))
+    g = Graph(nodes, ["x"], ["out"], inits, tensors)
+    g.check()
+    return g
+
+
+def test_learned_channel_scales_are_exported_as_the_network_computes_them(tmp_path):
+    """learn_scales: a scale per channel between c0 / c1 (through the ReLU6) and c1 / c2 (through the ReLU).  At
+    u = 0 the network is the one without scales, bit for bit; with scales set, what it computes is what the
+    emulator computes with ``requantized``'s parameters (the scheme's quantization of ``learned``'s rescaled
+    weights), and the float network of those weights is the original where the activation between is a ReLU."""
+    import mindspore as ms
+    from dataclasses import replace
+    from test_recovery import images
+
+    from quantflow.engine.runner import float_runner
+    from quantflow.quantization.qat import FakeQuantNet
+
+    g = pair_net()
+    calib = images(2)
+    qp = calibrate(g, calib, "minmax", rollback_small_channels=False)
+    net = FakeQuantNet(g, qp, tmp_path / "net", learn_scales=True)
+    assert [p.describe() for p in net.pairs] == ["Default/c0 -> ReLU6 -> Default/c1", "Default/c1 -> ReLU -> Default/c2"]
+    x = calib[0].astype(np.float16)
+    got = net.cell(ms.Tensor(x.astype(np.float32))).asnumpy()
+    np.testing.assert_array_equal(got, Emulator(quantized_graph(g, qp)).logits(x))
+
+    def float_net(values):
+        return replace(qp, float_weights={n: {"weight": v["weight"], "bias": v["bias"]} for n, v in values.items()})
+
+    before = net.learned()
+    u0, u1 = net.scale_parameters()
+    rng = np.random.default_rng(0)
+    u1.set_data(ms.Tensor(rng.normal(0, 0.7, u1.shape).astype(np.float32)))   # through the ReLU: exact in float
+    learned = net.learned()
+    s = np.exp(u1.asnumpy().astype(np.float64))
+    np.testing.assert_allclose(learned["c1"]["bias"], before["c1"]["bias"] * s, rtol=1e-6)
+    np.testing.assert_allclose(learned["c1"]["weight"], before["c1"]["weight"] * s[:, None, None, None], rtol=1e-6)
+    np.testing.assert_allclose(learned["c2"]["weight"], before["c2"]["weight"] / s[None, :, None, None], rtol=1e-6)
+    ref = float_runner(float_net(before).apply(g)).run(calib[0])["out"]
+    again = float_runner(float_net(learned).apply(g)).run(calib[0])["out"]
+    np.testing.assert_allclose(again, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+    u0.set_data(ms.Tensor(rng.normal(0, 0.7, u0.shape).astype(np.float32)))
+    got = net.cell(ms.Tensor(x.astype(np.float32))).asnumpy()
+    apart = ulps16(got, Emulator(quantized_graph(g, net.requantized())).logits(x))
+    assert apart.max() <= 1 and (apart == 0).mean() >= 0.99
+
+    grads = ms.grad(lambda v: net.cell(v).square().mean(), None, net.trainable)(ms.Tensor(calib[0]))
+    assert len(grads) == 2 * len(qp.ops) + 2 and all(np.abs(gr.asnumpy()).max() > 0 for gr in grads[-2:])

@@ -17,7 +17,16 @@ line of ``construct`` in its registry entry's MindSpore form), with the device's
 The trained values are the INT8 ops' float weights and biases (the folded graph's) and, with ``learn_ranges``,
 each quantized tensor's range [lo, hi] (``scheme.act_qparams``: one range per tensor, shared by the ops reading
 it); the roundings pass the gradient straight through, the saturations stop it outside their range, the
-per-channel weight scales follow the weights without a gradient.  ``requantized`` turns what was learned into
+per-channel weight scales follow the weights without a gradient.
+
+With ``learn_scales``, also a scale per channel between two INT8 convolutions ``L1 -> act -> L2`` (act nothing, a
+ReLU, PReLU or ReLU6; the tensor between read by ``L2`` only: ``recovery.equalize.find_pairs``): ``L1``'s output
+channel c (weights and bias) is multiplied by s_c = exp(u_c) and ``L2``'s input channel c divided by it, u
+learned from 0.  In float that is the same network (but where a ReLU6 then clips), so the loss moves u only
+through the quantization: a straight-through rounding error e of the tensor between reaches the output as
+e / s_c, and the gradient grows the channels one scale per tensor starves until the range's clip pushes back
+(the learnable equivalent transformation of OmniQuant, Shao et al., ICLR 2024, on the device's per-tensor
+activation grid).  ``learned`` returns the rescaled weights, which the scheme then quantizes like any others.  ``requantized`` turns what was learned into
 INT8 parameters through the scheme's own functions (the path calibration's output takes).
 
 The forward equals the emulator's where the arithmetic is the same, or differs by one float16 ulp of an
@@ -81,6 +90,7 @@ class FakeQuantOp(nn.Cell):
         shape[q.channel_axis] = -1
         self.w_shape = tuple(shape)                                  # scale_w against the weight
         self.reduce = tuple(i for i in range(weight.ndim) if i != q.channel_axis)
+        self.in_shape = in_channel_shape(q, weight, attrs)           # a scale of the input channels, likewise
         if q.op == "Conv2D":
             cout, _, kh, kw = weight.shape
             t, l, b, r = attrs["pads"]
@@ -92,7 +102,10 @@ class FakeQuantOp(nn.Cell):
             self.cube = ops.MatMul(bool(attrs["transpose_a"]), bool(attrs["transpose_b"]))
             self.out_shape = (1, -1)
 
-    def construct(self, x, lo, hi):
+    def construct(self, x, lo, hi, s_out, s_in):
+        # the learned channel scales (module doc): ones where the op is in no rescaled pair
+        weight = self.weight * s_out.reshape(self.w_shape) / s_in.reshape(self.in_shape)
+        bias = self.bias * s_out
         # scheme.act_qparams: [lo, hi] widened to hold 0, mapped onto [-128, 127]
         lo = ops.minimum(lo, 0.0)
         hi = ops.maximum(hi, 0.0)
@@ -102,17 +115,42 @@ class FakeQuantOp(nn.Cell):
         t = round16(round16(x * round16(1.0 / scale_d)) + offset)
         q = ops.clip_by_value(ste_round(t), -128.0, 127.0)
         # scheme.quantize_weight: max|w| / 127 per output channel, at least what keeps the bias in int32
-        amax = ops.amax(ops.abs(self.weight), self.reduce)
+        amax = ops.amax(ops.abs(weight), self.reduce)
         scale_w = ops.where(amax > 0, amax / 127.0, ops.ones_like(amax))
-        scale_w = ops.stop_gradient(ops.maximum(scale_w, ops.abs(self.bias) / (scale_d * scheme.BIAS_LIMIT)))
-        w_q = ops.clip_by_value(ste_round(self.weight / scale_w.reshape(self.w_shape)), -127.0, 127.0)
+        scale_w = ops.stop_gradient(ops.maximum(scale_w, ops.abs(bias) / (scale_d * scheme.BIAS_LIMIT)))
+        w_q = ops.clip_by_value(ste_round(weight / scale_w.reshape(self.w_shape)), -127.0, 127.0)
         deq = scale_d * scale_w                                      # AscendDequant's deq_scale
-        b_q = ste_round(self.bias / deq)
+        b_q = ste_round(bias / deq)
         acc = self.cube(q - offset, w_q) + b_q.reshape(self.out_shape)
         y = acc * deq.reshape(self.out_shape)
         if self.relu:
             y = ops.relu(y)
         return round16(y)
+
+
+LET_ACTS = ("ReLU6",)   # taken between a rescaled pair besides the scale-equivariant ones (training absorbs the clip)
+
+
+def in_channel_shape(q: QuantizedOp, weight: np.ndarray, attrs: dict) -> tuple[int, ...]:
+    """The shape that lines a vector over the op's input channels up with its weight: a depthwise convolution's
+    input channel c is its output channel c (axis 0), a convolution's axis 1, a MatMul's the axis that is not its
+    output channels'."""
+    shape = [1] * weight.ndim
+    if q.op == "Conv2D":
+        shape[0 if attrs.get("group", 1) > 1 else 1] = -1
+    else:
+        shape[1 - q.channel_axis] = -1
+    return tuple(shape)
+
+
+def scaled_pairs(graph: Graph, qparams: QuantParams) -> list:
+    """The pairs whose channels ``learn_scales`` rescales (module doc): both convolutions INT8, ``L2`` a plain or
+    depthwise convolution (its input channel c one weight slice)."""
+    from .recovery.equalize import find_pairs
+
+    int8 = {q.node for q in qparams.ops}
+    pairs, _ = find_pairs(graph, int8, also=LET_ACTS)
+    return [p for p in pairs if p.l1.name in int8 and p.l2.attrs.get("group", 1) in (1, graph.shape(p.tensor)[1])]
 
 
 def initial_range(q: QuantizedOp) -> tuple[float, float]:
@@ -145,8 +183,9 @@ def batch_free(graph: Graph) -> Graph:
     return g
 
 
-def write_qat_net(graph: Graph, qparams: QuantParams, out_dir: Path) -> tuple[Path, Path]:
-    """``qat_net.py`` / ``qat_net.npz`` for the folded ``graph`` with ``qparams``' INT8 ops as ``FakeQuantOp``."""
+def write_qat_net(graph: Graph, qparams: QuantParams, out_dir: Path, pairs: list = ()) -> tuple[Path, Path]:
+    """``qat_net.py`` / ``qat_net.npz`` for the folded ``graph`` with ``qparams``' INT8 ops as ``FakeQuantOp``,
+    and a learned channel scale ``u<k>`` for each of ``pairs`` (``scaled_pairs``)."""
     from ..errors import UnsupportedNetworkError
     from ..io.atomic import save_npz, write_text
     from ..ops import get as get_op
@@ -167,9 +206,24 @@ def write_qat_net(graph: Graph, qparams: QuantParams, out_dir: Path) -> tuple[Pa
 
     int8 = qparams.by_node()
     tensors = list(dict.fromkeys(q.input for q in qparams.ops))
+    nodes = {n.name: n for n in graph.nodes}
     graph = batch_free(graph)
     w = Writer(graph)
     w.values[graph.inputs[0]] = "x"
+    scale_out, scale_in = {}, {}   # node -> the expression of its output / input channel scales
+    for k, pair in enumerate(pairs):
+        w.arrays[f"u{k}"] = np.zeros(graph.shape(pair.tensor)[1], np.float32)
+        w.init_lines.append(f"self.u{k} = Parameter(Tensor(arrays['u{k}']), name='u{k}')")
+        scale_out[pair.l1.name] = scale_in[pair.l2.name] = f"ops.exp(self.u{k})"
+    for i, q in enumerate(qparams.ops):
+        node = nodes[q.node]
+        weight = graph.initializers[node.inputs[1]]
+        sizes = {"o": weight.shape[q.channel_axis], "i": weight.shape[in_channel_shape(q, weight, node.attrs).index(-1)]}
+        for side, table in (("o", scale_out), ("i", scale_in)):
+            if q.node not in table:   # no rescaled pair on that side: ones
+                w.arrays[f"one{side}{i}"] = np.ones(sizes[side], np.float32)
+                w.init_lines.append(f"self.one{side}{i} = Tensor(arrays['one{side}{i}'])")
+                table[q.node] = f"self.one{side}{i}"
     body = ["        x = round16(x)  # the AIPP output: float16 values"]
     for t, tensor in enumerate(tensors):
         lo, hi = initial_range(next(q for q in qparams.ops if q.input == tensor))
@@ -180,7 +234,8 @@ def write_qat_net(graph: Graph, qparams: QuantParams, out_dir: Path) -> tuple[Pa
     for i, node in enumerate(graph.nodes):
         if node.name in int8:
             t = tensors.index(node.inputs[0])
-            expr = f"self.fq[{index[node.name]}]({w.values[node.inputs[0]]}, self.lo{t}, self.hi{t})"
+            expr = (f"self.fq[{index[node.name]}]({w.values[node.inputs[0]]}, self.lo{t}, self.hi{t}, "
+                    f"{scale_out[node.name]}, {scale_in[node.name]})")
         else:
             op = get_op(node.op, node.name)
             if op.to_mindspore is None:
@@ -211,13 +266,15 @@ class FakeQuantNet:
     (the parameters to learn) and ``requantized`` (the learned values as INT8 parameters).  ``work_dir`` holds the
     generated source (MindSpore compiles a Cell from its source file)."""
 
-    def __init__(self, graph: Graph, qparams: QuantParams, work_dir: Path, learn_ranges: bool = False):
+    def __init__(self, graph: Graph, qparams: QuantParams, work_dir: Path, learn_ranges: bool = False,
+                 learn_scales: bool = False):
         self.graph, self.qparams, self.learn_ranges = graph, qparams, learn_ranges
         self.tensors = list(dict.fromkeys(q.input for q in qparams.ops))
+        self.pairs = scaled_pairs(graph, qparams) if learn_scales else []
         nodes = {n.name: n for n in graph.nodes}
         fq = [FakeQuantOp(q, graph.initializers[nodes[q.node].inputs[1]], _float_bias(q), nodes[q.node].attrs)
               for q in qparams.ops]
-        py, npz = write_qat_net(graph, qparams, work_dir)
+        py, npz = write_qat_net(graph, qparams, work_dir, self.pairs)
         name = f"quantflow_qat_{abs(hash(str(py)))}"
         spec = importlib.util.spec_from_file_location(name, py)
         module = importlib.util.module_from_spec(spec)
@@ -233,14 +290,30 @@ class FakeQuantNet:
         return [p for t in range(len(self.tensors)) for p in (getattr(self.cell, f"lo{t}"), getattr(self.cell,
                                                                                                     f"hi{t}"))]
 
+    def scale_parameters(self) -> list:
+        return [getattr(self.cell, f"u{k}") for k in range(len(self.pairs))]
+
     @property
     def trainable(self) -> list:
         out = [p for f in self.cell.fq for p in (f.weight, f.bias)]
-        return out + (self.range_parameters() if self.learn_ranges else [])
+        return out + (self.range_parameters() if self.learn_ranges else []) + self.scale_parameters()
+
+    def channel_scales(self) -> dict[str, np.ndarray]:
+        """The tensor between each rescaled pair -> its learned channel scales s = exp(u)."""
+        return {p.tensor: np.exp(u.asnumpy().astype(np.float64)) for p, u in zip(self.pairs, self.scale_parameters())}
 
     def learned(self) -> dict[str, dict[str, np.ndarray]]:
-        """node -> {"weight", "bias"} (float32) of every INT8 op, and per quantized tensor its ``range``."""
-        out = {f.node: {"weight": f.weight.asnumpy(), "bias": f.bias.asnumpy()} for f in self.cell.fq}
+        """node -> {"weight", "bias"} (float32) of every INT8 op, its channels rescaled where it is in a rescaled
+        pair (as ``FakeQuantOp`` computes them), and per quantized tensor its ``range``."""
+        out = {}
+        for q, f in zip(self.qparams.ops, self.cell.fq):
+            weight, bias = f.weight.asnumpy().astype(np.float64), f.bias.asnumpy().astype(np.float64)
+            for p, s in zip(self.pairs, self.channel_scales().values()):
+                if p.l1.name == q.node:
+                    weight, bias = weight * s.reshape(f.w_shape), bias * s
+                if p.l2.name == q.node:
+                    weight = weight / s.reshape(f.in_shape)
+            out[q.node] = {"weight": weight.astype(np.float32), "bias": bias.astype(np.float32)}
         for t, tensor in enumerate(self.tensors):
             lo, hi = (float(getattr(self.cell, f"{k}{t}").asnumpy()) for k in ("lo", "hi"))
             for q in self.qparams.ops:

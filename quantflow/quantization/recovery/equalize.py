@@ -66,8 +66,9 @@ def _in_relu6_range(g: Graph, tensor: str, producer) -> bool:
     return p is not None and p.op == "ReLU6"
 
 
-def find_pairs(g: Graph, int8: set[str]) -> tuple[list[Pair], list[dict]]:
-    """(the pairs that can be equalized, the chains left alone with the reason), for the INT8 ``L2``s."""
+def find_pairs(g: Graph, int8: set[str], also: tuple[str, ...] = ()) -> tuple[list[Pair], list[dict]]:
+    """(the pairs that can be equalized, the chains left alone with the reason), for the INT8 ``L2``s; ``also``:
+    activations between taken as they are (for a rescaling that need not be exact: the retraining's)."""
     producer, consumers = g.producer(), g.consumers()
 
     def only_reader(tensor: str, node: Node) -> bool:
@@ -89,7 +90,7 @@ def find_pairs(g: Graph, int8: set[str]) -> tuple[list[Pair], list[dict]]:
         pair = Pair(l1, act, l2)
         if act is not None and act.op == "ReLU6" and _in_relu6_range(g, l1.inputs[0], producer):
             pair.bounded = True
-        elif act is not None and act.op in NOT_EQUIVARIANT:
+        elif act is not None and act.op in NOT_EQUIVARIANT and act.op not in also:
             alone.append({"pair": pair.describe(), "l2": l2.name,
                           "reason": f"{act.op} between is not scale-equivariant"
                                     + (" and the input of the first layer is not bounded" if act.op == "ReLU6" else "")})
