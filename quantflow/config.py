@@ -490,6 +490,8 @@ class RetrainSection(_Section):
                                                           "(the first's output channel times s, the second's input "
                                                           "channel divided by it): moves range between the channels "
                                                           "of a tensor INT8 quantizes with one scale")
+    scales_lr: float = Field(default=0.03, gt=0.0, description="learn_scales: the learning rate of the channel scales' "
+                                                               "logarithms (cosine decay to a tenth, as lr)")
     device_target: Literal["CPU", "GPU", "Ascend"] = Field(
         default="CPU", description="where MindSpore trains: CPU here; GPU or Ascend on a training host")
 

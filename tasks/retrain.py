@@ -72,9 +72,10 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
               f"{'' if r.learn_ranges else '; ranges frozen'}) on {r.device_target}")
         try:
             if r.mode == "distill":
-                run = train_distill(net, images, loss, r.steps, r.lr, r.batch_size, r.seed)
+                run = train_distill(net, images, loss, r.steps, r.lr, r.batch_size, r.seed, scales_lr=r.scales_lr)
             else:
-                run = train_labels(net, load_entry(r.entry, "retrain.entry")(cfg, net.cell), r.steps, r.lr)
+                run = train_labels(net, load_entry(r.entry, "retrain.entry")(cfg, net.cell), r.steps, r.lr,
+                                   scales_lr=r.scales_lr)
         except (RuntimeError, TypeError, ValueError) as err:  # MindSpore's own errors are plain ones
             raise QuantflowError(f"retrain: training the fake-quant network {kdir / 'network' / QAT_NET_PY} failed"
                                  f"{' in retrain.entry ' + r.entry if r.entry else ''}: "
@@ -96,7 +97,7 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
     (retrained if kept == "retrained" else qp).save(kdir)
     _save_checkpoint(kdir / RETRAINED_CKPT, learned_values, qp)
     record = {"mode": r.mode, "steps": r.steps, "lr": r.lr, "batch_size": r.batch_size, "seed": r.seed,
-              "learn_ranges": r.learn_ranges, "learn_scales": r.learn_scales, "scaled_pairs": pairs,
+              "learn_ranges": r.learn_ranges, "learn_scales": r.learn_scales, "scales_lr": r.scales_lr, "scaled_pairs": pairs,
               "device_target": r.device_target, "machine": platform.machine(),
               "images": int(len(calibration)), "variants": int(len(images) - len(calibration)),
               "int8_ops": len(qp.ops), "losses": run["losses"],

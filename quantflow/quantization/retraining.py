@@ -98,13 +98,23 @@ def _schedule(lr: float, steps: int):
                               np.float32))
 
 
+def _optimizer(net, lr: float, steps: int, scales_lr: float):
+    """Adam on ``net.trainable``; the channel scales' logarithms (``learn_scales``) at their own rate: they must
+    travel a channel range ratio's logarithm (256x: 5.5) in the steps a weight moves by a few percent."""
+    scales = net.scale_parameters()
+    others = [p for p in net.trainable if all(p is not q for q in scales)]
+    groups = [{"params": others}] + ([{"params": scales, "lr": _schedule(scales_lr, steps)}] if scales else [])
+    return nn.Adam(groups, learning_rate=_schedule(lr, steps))
+
+
 def train_distill(net, images: np.ndarray, loss: DistillLoss, steps: int, lr: float, batch_size: int, seed: int,
-                  jit: bool = True) -> dict:
+                  jit: bool = True, scales_lr: float = 0.0) -> dict:
     """``steps`` Adam steps of ``net`` (``qat.FakeQuantNet``) on batches of ``images`` (float32, the training
-    preprocessing), drawn without replacement in a seeded order; returns {"losses", "seconds"}."""
+    preprocessing), drawn without replacement in a seeded order, the channel scales at ``scales_lr``; returns
+    {"losses", "seconds"}."""
     rng = np.random.default_rng(seed)
     teacher = loss.teacher
-    opt = nn.Adam(net.trainable, learning_rate=_schedule(lr, steps))
+    opt = _optimizer(net, lr, steps, scales_lr)
 
     def forward(x, *t):
         out = net.cell(x)
@@ -134,10 +144,10 @@ def train_distill(net, images: np.ndarray, loss: DistillLoss, steps: int, lr: fl
     return {"losses": losses, "seconds": time.perf_counter() - start}
 
 
-def train_labels(net, loss_of_step, steps: int, lr: float) -> dict:
+def train_labels(net, loss_of_step, steps: int, lr: float, scales_lr: float = 0.0) -> dict:
     """``steps`` Adam steps on the user's ``loss_of_step(step)`` (a MindSpore scalar computed with ``net.cell``),
     in MindSpore's PyNative mode (the user's code loads its batches in Python)."""
-    opt = nn.Adam(net.trainable, learning_rate=_schedule(lr, steps))
+    opt = _optimizer(net, lr, steps, scales_lr)
     losses = []
     net.cell.set_train(True)
     start = time.perf_counter()
