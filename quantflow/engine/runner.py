@@ -1,13 +1,17 @@
 """onnxruntime sessions, and ``Runner``: an ONNX model of an IR graph run over any number of samples.
 
 The IR is static in shape (MindSpore fixes the batch size at export), so inputs are cut into chunks of the
-graph's batch size and the last chunk is padded.  ``float_runner`` runs the IR's float32 lowering;
+graph's batch size and the last chunk is padded.  A graph of batch 1 in a process that set no thread count (the
+build process; worker processes set their share, ``THREADS``) runs its chunks one per core at once, on a session
+of one onnxruntime thread: at one sample per run onnxruntime's threads share a layer's work poorly, and each
+chunk's output is the same whatever the threads.  ``float_runner`` runs the IR's float32 lowering;
 ``constant_outputs`` computes a node on constant inputs once (the MindIR front-end folds constants with it).
 """
 from __future__ import annotations
 
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnx
@@ -24,17 +28,28 @@ from .onnx_builder import OnnxBuilder, onnx_type
 THREADS: int | None = None
 
 
-def session(model: onnx.ModelProto, optimize: bool = True, keeps=None):
-    """An onnxruntime CPU session.  ``keeps(optimized_model) -> bool``, when given, vets onnxruntime's
-    graph optimizations: where it returns False the session runs the graph unoptimized."""
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def session(model: onnx.ModelProto, optimize: bool = True, keeps=None, threads: int | None = None):
+    """An onnxruntime CPU session of ``threads`` threads (default ``THREADS``).  ``keeps(optimized_model) ->
+    bool``, when given, vets onnxruntime's graph optimizations: where it returns False the session runs the graph
+    unoptimized."""
     import onnxruntime as ort
+
+    threads = threads or THREADS
 
     def make(level, saved: str | None = None):
         opts = ort.SessionOptions()
         opts.graph_optimization_level = level
         opts.log_severity_level = 3
-        if THREADS:
-            opts.intra_op_num_threads = THREADS
+        if threads:
+            opts.intra_op_num_threads = threads
         if saved:
             opts.optimized_model_filepath = saved
         return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
@@ -59,7 +74,9 @@ class Runner:
         """``input_name``: the model's input, or its inputs (then ``run`` takes a dict of arrays)."""
         import onnxruntime as ort
 
-        self.sess = session(model, optimize, keeps)
+        # chunks run at once, one per core, each on one onnxruntime thread (module doc); else one at a time
+        self.lanes = cores() if THREADS is None and batch == 1 else 1
+        self.sess = session(model, optimize, keeps, threads=1 if self.lanes > 1 else None)
         self.optimized = (self.sess.get_session_options().graph_optimization_level
                           != ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
         self.input_name, self.batch, self.input_dtype = input_name, batch, input_dtype
@@ -73,13 +90,22 @@ class Runner:
         feeds = {k: np.ascontiguousarray(v, self.input_dtype) for k, v in feeds.items()}
         n = len(next(iter(feeds.values())))
         parts: dict[str, list[np.ndarray]] = {k: [] for k in names}
+        chunks, reals = [], []
         for s in range(0, n, self.batch):
             chunk = {k: v[s:s + self.batch] for k, v in feeds.items()}
             real = len(next(iter(chunk.values())))
             if real < self.batch:
                 chunk = {k: np.concatenate([v, np.zeros((self.batch - real,) + v.shape[1:], v.dtype)])
                          for k, v in chunk.items()}
-            for k, v in zip(names, self.sess.run(names, chunk)):
+            chunks.append(chunk)
+            reals.append(real)
+        if self.lanes > 1 and len(chunks) > 1:
+            with ThreadPoolExecutor(min(self.lanes, len(chunks))) as pool:
+                results = list(pool.map(lambda c: self.sess.run(names, c), chunks))
+        else:
+            results = [self.sess.run(names, c) for c in chunks]
+        for real, result in zip(reals, results):
+            for k, v in zip(names, result):
                 parts[k].append(v[:real] if v.ndim and v.shape[0] == self.batch else v)
         return {k: np.concatenate(v) if v and v[0].ndim else (v[0] if v else None) for k, v in parts.items()}
 
