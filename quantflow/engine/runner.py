@@ -26,6 +26,7 @@ from .onnx_builder import OnnxBuilder, onnx_type
 # onnxruntime threads per session; None: onnxruntime's default (one per core).  A worker process that
 # shares the machine with others sets its share (quantflow.engine.shard)
 THREADS: int | None = None
+MAX_LANES = 8   # images at once at batch 1: each holds its own intermediate buffers (tens of MB for ResNet-18)
 
 
 def cores() -> int:
@@ -75,7 +76,7 @@ class Runner:
         import onnxruntime as ort
 
         # chunks run at once, one per core, each on one onnxruntime thread (module doc); else one at a time
-        self.lanes = cores() if THREADS is None and batch == 1 else 1
+        self.lanes = min(cores(), MAX_LANES) if THREADS is None and batch == 1 else 1
         self.sess = session(model, optimize, keeps, threads=1 if self.lanes > 1 else None)
         self.optimized = (self.sess.get_session_options().graph_optimization_level
                           != ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
