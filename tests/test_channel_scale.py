@@ -40,16 +40,18 @@ def dw_net(seed: int = 0, multiplier: int = 1) -> Graph:
     return g
 
 
-def pair_net(act: str, seed: int = 0) -> Graph:
-    """x -> 1x1 conv (its output channels ``_spread`` apart) -> ``act`` -> depthwise -> out."""
+def pair_net(act: str, seed: int = 0, pointwise: bool = False) -> Graph:
+    """x -> 1x1 conv (its output channels ``_spread`` apart) -> ``act`` -> depthwise (``pointwise``: a 1x1
+    convolution, named dw all the same) -> out."""
     rng = np.random.default_rng(seed)
     w1 = (rng.normal(0, 0.3, (C, C, 1, 1)) * _spread()[:, None, None, None]).astype(np.float32)
-    inits = {"c1.w": w1, "c1.b": np.full(C, 0.01, np.float32),
-             "dw.w": rng.normal(0, 0.3, (C, 1, 3, 3)).astype(np.float32), "dw.b": np.zeros(C, np.float32)}
-    nodes = [Node("c1", "Conv2D", ["x", "c1.w", "c1.b"], ["y1"], {**DW, "pads": [0] * 4, "group": 1},
-                  scope="Default/c1"),
+    w2 = rng.normal(0, 0.3, (C, C, 1, 1) if pointwise else (C, 1, 3, 3)).astype(np.float32)
+    inits = {"c1.w": w1, "c1.b": np.full(C, 0.01, np.float32), "dw.w": w2, "dw.b": np.zeros(C, np.float32)}
+    one_by_one = {**DW, "pads": [0] * 4, "group": 1}
+    nodes = [Node("c1", "Conv2D", ["x", "c1.w", "c1.b"], ["y1"], one_by_one, scope="Default/c1"),
              Node("a", act, ["y1"], ["z1"]),
-             Node("dw", "Conv2D", ["z1", "dw.w", "dw.b"], ["out"], DW, scope="Default/dw")]
+             Node("dw", "Conv2D", ["z1", "dw.w", "dw.b"], ["out"], one_by_one if pointwise else DW,
+                  scope="Default/dw")]
     shape = TensorInfo((N, C, H, H))
     g = Graph(nodes, ["x"], ["out"], inits, {"x": shape, "y1": shape, "z1": shape, "out": shape})
     g.check()
@@ -67,16 +69,40 @@ def _sqnr(r: np.ndarray, q: np.ndarray) -> float:
     return float(10 * np.log10((r ** 2).sum() / ((r - q) ** 2).sum()))
 
 
-def test_scales_bring_every_channel_to_the_widest_range_in_float16():
+def test_depthwise_scales_bring_every_channel_to_the_widest_range_in_float16():
     r = np.array([4.0, 1.0, 0.3, 0.0, 1e-6])
-    m = channel_scale.scales_for(r)
-    expected = np.array([1.0, 4.0, 4.0 / 0.3, 1.0, channel_scale.SCALE_LIMIT])   # dead channel 1, capped at the limit
+    m = channel_scale.scales_for(r, np.ones((5, 1, 3, 3)), 5)
+    expected = np.array([1.0, 4.0, 4.0 / 0.3, 1.0, 4096.0])   # a dead channel 1, at most 4096
     np.testing.assert_array_equal(m, expected.astype(np.float16).astype(np.float32))
-    assert channel_scale.scales_for(np.array([4.0, 3.0, 2.5, 1.0])) is None      # median 2.75 >= half of 4
+    assert channel_scale.scales_for(np.array([4.0, 3.0, 2.5, 1.0]), np.ones((4, 1, 3, 3)), 4) is None  # balanced
 
 
-def test_only_depthwise_layers_equalization_cannot_balance_are_chosen():
+def test_other_convolutions_meet_activation_and_weight_ranges_halfway():
+    """m_c ~ sqrt(weight range / activation range) of channel c (the weights relative to each output channel's
+    largest), the widest scaled channel at the tensor's widest range: written out here for a 1x1 convolution."""
+    rng = np.random.default_rng(0)
+    r = np.array([8.0, 2.0, 0.5, 0.1, 0.05])
+    w = rng.normal(size=(6, 5, 1, 1)) * np.array([1.0, 0.5, 2.0, 1.0, 0.1])[None, :, None, None]
+    a = np.abs(w[:, :, 0, 0]) / np.abs(w[:, :, 0, 0]).max(axis=1, keepdims=True)
+    ideal = np.sqrt(a.max(axis=0) / r)
+    expected = ideal * r.max() / (r * ideal).max()
+    np.testing.assert_array_equal(channel_scale.scales_for(r, w, 1),
+                                  expected.astype(np.float16).astype(np.float32))
+
+
+def test_every_weight_column_is_divided_by_the_scale_of_the_channel_it_reads():
+    m = np.arange(1.0, 7.0)                                   # 6 input channels, 2 groups of 3
+    d = channel_scale.divisors(m, (4, 3, 3, 3), 2)            # 4 outputs: 2 per group
+    for o in range(4):
+        for j in range(3):
+            assert d[o, j, 0, 0] == m[(o // 2) * 3 + j]
+    np.testing.assert_array_equal(channel_scale.divisors(m, (12, 1, 3, 3), 6)[:, 0, 0, 0], np.repeat(m, 2))
+
+
+def test_only_layers_equalization_cannot_balance_are_chosen():
     assert set(channel_scale.choose(pair_net("HSwish"), {"c1", "dw"}, images(1, spread=False))) == {"dw"}
+    assert set(channel_scale.choose(pair_net("HSwish", pointwise=True), {"c1", "dw"}, images(1, spread=False))) \
+        == {"dw"}
     # a ReLU between: cross-layer equalization balances that tensor exactly, with no op added
     assert channel_scale.choose(pair_net("ReLU"), {"c1", "dw"}, images(1, spread=False)) == {}
     # not INT8 (skipped, or rolled back by CANN): nothing to scale
@@ -134,8 +160,9 @@ def test_per_channel_scales_lower_the_int8_error():
     assert narrow[True] > narrow[False] + 15
 
 
-def test_the_scales_are_in_every_deploy_graph_and_survive_a_save(tmp_path):
-    g = pair_net("HSwish")
+@pytest.mark.parametrize("pointwise", [False, True])
+def test_the_scales_are_in_every_deploy_graph_and_survive_a_save(tmp_path, pointwise):
+    g = pair_net("HSwish", pointwise=pointwise)
     qp = calibrate(g, images(1, spread=False), "minmax", channel_scale=True)
     assert set(qp.channel_scales) == {"dw"}
     qp.save(tmp_path / "q")
