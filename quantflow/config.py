@@ -152,8 +152,9 @@ class QuantizationSection(_Section):
                                             description="per-layer range method: pattern -> method")
     bias_correction: bool = Field(default=False, description="correct each op's per-channel output mean shift")
     channel_scale: bool = Field(
-        default=True, description="scale the input of an INT8 depthwise convolution per channel (a float16 Mul before "
-                                  "its AscendQuant) where its channels' ranges differ and equalization cannot help")
+        default=True, description="scale the input of an INT8 convolution per channel (a float16 Mul before its "
+                                  "AscendQuant, the weights divided) where its channels' ranges differ and "
+                                  "equalization cannot balance them")
     fallback: Literal["off", "auto"] = Field(
         default="off", description="auto: roll the most sensitive ops back to float16 until the gate passes")
     max_fallback: int = Field(default=5, ge=0, description="most ops fallback = 'auto' may roll back")

@@ -34,7 +34,7 @@ def _check_patterns(nodes, cfg) -> None:
 def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path], graph_dir: Path):
     """Ranges and INT8 parameters (``qparams``; with ``quantization.bias_correction`` the biases corrected by the
     mean output shift each op alone in INT8 shows on the first ``quantization.sensitivity_images`` images; with
-    ``quantization.channel_scale`` the depthwise inputs scaled per channel) and the observers' histograms."""
+    ``quantization.channel_scale`` the convolutions' inputs scaled per channel) and the observers' histograms."""
     from quantflow.frontends.source import model_file
     from quantflow.quantization.calibrater import calibrate_with, quantizable_nodes
     from quantflow.quantization.passes import fold_for_quantization

@@ -6,7 +6,8 @@ onnxruntime graph, and runs the calibration batches through it twice: ranges fir
 histograms over those ranges (for the percentile and KL methods).  Ops that read the same
 tensor share its observer, hence its scale_d/offset_d.
 
-With ``channel_scale`` the INT8 depthwise convolutions whose input channels span very different ranges get a
+With ``channel_scale`` the INT8 convolutions whose input channels span very different ranges (and that cross-layer
+equalization cannot balance) get a
 per-channel float16 scale in front of their AscendQuant first (``channel_scale``: one more float pass), and the
 calibration runs on that scaled graph; the parameters record the scales (``QuantParams.channel_scales``).
 """
@@ -152,7 +153,7 @@ def calibrate_with(graph: Graph, batches, method: str, percentile: float = 99.99
                    kl_max_clipped: float = 0.01, skip=(), overrides: dict[str, str] | None = None,
                    rollback_small_channels: bool = True, channel_scale: bool = False):
     """``calibrate``, also returning the Calibrater (its observers' histograms feed the report).  With
-    ``channel_scale`` the depthwise inputs are scaled per channel first (module doc): the returned parameters carry
+    ``channel_scale`` the convolutions' inputs are scaled per channel first (module doc): the returned parameters carry
     the scales, the Calibrater observed the scaled graph (``QuantParams.apply(graph)``)."""
     scales = {}
     if channel_scale:

@@ -14,7 +14,7 @@ whose float weights the recovery rewrote in the folded graph (cross-layer equali
 builds every deploy graph (the emulation's, deploy.onnx, the deploy MindIR) from that graph, so that a float16 op
 and the float network the INT8 ops were calibrated on are the recovered ones everywhere.
 
-``channel_scaled`` (in qparams.json, arrays ``channel_scale<i>`` in qparams.npz) names the depthwise ops whose input
+``channel_scaled`` (in qparams.json, arrays ``channel_scale<i>`` in qparams.npz) names the convolutions whose input
 the calibration scaled per channel (``quantflow.quantization.channel_scale``): ``QuantParams.apply`` inserts their
 float16 ``Mul`` and divides their float weights, before the recovered float weights are put in (those were computed
 on the scaled graph).
@@ -121,7 +121,7 @@ class QuantParams:
     order: list[str] = field(default_factory=list)            # every quantizable op's node, in graph order
     # node -> {"weight": float32, "bias": float32}: the folded graph's float weights the recovery rewrote
     float_weights: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
-    # node -> float16-valued float32 per input channel: a depthwise op's input scales (``channel_scale``)
+    # node -> float16-valued float32 per input channel: a convolution's input scales (``channel_scale``)
     channel_scales: dict[str, np.ndarray] = field(default_factory=dict)
 
     def without(self, nodes, reason: str) -> "QuantParams":
@@ -138,7 +138,7 @@ class QuantParams:
         return replace(self, ops=[q for q in self.ops if q.node in keep], float16=[])
 
     def apply(self, graph):
-        """The (BatchNorm-folded) ``graph`` with the depthwise input scales (``channel_scales``: a Mul inserted,
+        """The (BatchNorm-folded) ``graph`` with the convolutions' input scales (``channel_scales``: a Mul inserted,
         the weights divided, ``channel_scale.apply``) and then the recovered float weights (``float_weights``,
         which were computed on the scaled graph) in place: a new graph; ``graph`` itself when there are none.
         Applying twice gives the same graph."""
