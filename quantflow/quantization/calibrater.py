@@ -7,9 +7,9 @@ histograms over those ranges (for the percentile and KL methods).  Ops that read
 tensor share its observer, hence its scale_d/offset_d.
 
 With ``channel_scale`` the INT8 convolutions whose input channels span very different ranges (and that cross-layer
-equalization cannot balance) get a
-per-channel float16 scale in front of their AscendQuant first (``channel_scale``: one more float pass), and the
-calibration runs on that scaled graph; the parameters record the scales (``QuantParams.channel_scales``).
+equalization cannot balance) first get a per-channel float16 scale in front of their AscendQuant (``channel_scale``:
+one more float pass), and the calibration runs on that scaled graph; the parameters record the scales
+(``QuantParams.channel_scales``).
 """
 from __future__ import annotations
 

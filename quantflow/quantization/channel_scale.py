@@ -20,7 +20,7 @@ already, that is not the second layer of an ``equalize.find_pairs`` pair (equali
 whose input's median channel range is below ``MEDIAN_RANGE`` of its widest channel's (the typical channel would
 lose more than a bit of the grid).  MatMul / Dense are left as they are.
 
-The scales are at most ``equalize.SCALE_LIMIT`` either way, 1 for a channel that is zero on every image, rounded to
+The scales are within ``equalize.SCALE_LIMIT`` either way, 1 for a channel that is zero on every image, rounded to
 float16 (the device's Mul constant is float16); the weights are divided by that float16 value in float64 (stored
 float32).
 
@@ -40,11 +40,6 @@ from ..ir import Graph, Node, TensorInfo
 
 MEDIAN_RANGE = 0.5       # scale a tensor whose median channel range is below this fraction of its widest
 SUFFIX = ":channel_scaled"
-
-
-def is_depthwise(g: Graph, n: Node) -> bool:
-    return (n.op == "Conv2D" and n.inputs[1] in g.initializers and g.initializers[n.inputs[1]].shape[1] == 1
-            and int(n.attrs.get("group", 1)) == g.shape(n.inputs[0])[1] > 1)
 
 
 def candidates(g: Graph, int8: set[str]) -> list[Node]:
