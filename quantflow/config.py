@@ -151,6 +151,10 @@ class QuantizationSection(_Section):
     methods: dict[str, RangeMethod] = Field(default_factory=dict,
                                             description="per-layer range method: pattern -> method")
     bias_correction: bool = Field(default=False, description="correct each op's per-channel output mean shift")
+    channel_scale: bool = Field(
+        default=True, description="scale the input of an INT8 convolution per channel (a float16 Mul before its "
+                                  "AscendQuant, the weights divided) where its channels' ranges differ and "
+                                  "equalization cannot balance them")
     fallback: Literal["off", "auto"] = Field(
         default="off", description="auto: roll the most sensitive ops back to float16 until the gate passes")
     max_fallback: int = Field(default=5, ge=0, description="most ops fallback = 'auto' may roll back")

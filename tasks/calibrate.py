@@ -33,8 +33,8 @@ def _check_patterns(nodes, cfg) -> None:
 
 def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path], graph_dir: Path):
     """Ranges and INT8 parameters (``qparams``; with ``quantization.bias_correction`` the biases corrected by the
-    mean output shift each op alone in INT8 shows on the first ``quantization.sensitivity_images`` images) and
-    the observers' histograms."""
+    mean output shift each op alone in INT8 shows on the first ``quantization.sensitivity_images`` images; with
+    ``quantization.channel_scale`` the convolutions' inputs scaled per channel) and the observers' histograms."""
     from quantflow.frontends.source import model_file
     from quantflow.quantization.calibrater import calibrate_with, quantizable_nodes
     from quantflow.quantization.passes import fold_for_quantization
@@ -45,7 +45,7 @@ def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path], graph_dir: P
     _check_patterns(quantizable_nodes(graph), cfg)
     batches = image_batches(cfg, calibration_paths, k.batch_size)
     qp, cal = calibrate_with(graph, batches, k.method, k.percentile, k.histogram_bins, k.kl_max_clipped, q.skip,
-                             q.methods)
+                             q.methods, channel_scale=q.channel_scale)
     if not qp.ops:
         kept = f"; every one is left in float16:\n{qp.float16_table()}" if qp.float16 else ""
         raise UnsupportedNetworkError(f"{model_file(cfg, graph_dir)}: no Conv2D or MatMul with constant weights is "
@@ -53,11 +53,15 @@ def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path], graph_dir: P
     if q.bias_correction:
         sample = image_batches(cfg, calibration_paths[:q.sensitivity_images], k.batch_size)
         print(f"bias correction: {len(qp.ops)} ops, each alone in INT8, {shard.where(cfg.engine)}")
-        qp = correct_bias(qp, analyse(graph, qp, sample, bias_shift=True, engine=cfg.engine).bias_shift)
+        qp = correct_bias(qp, analyse(qp.apply(graph), qp, sample, bias_shift=True, engine=cfg.engine).bias_shift)
     qp.save(kdir)
     save_npz(kdir / HISTOGRAMS_NPZ, {f"{i}.{name}": v for i, op in enumerate(qp.ops)
                                      for name, v in _histogram(cal.observers[op.input]).items()})
     table = qp.table()
+    if qp.channel_scales:
+        short = {q.node: q.scope for q in qp.ops}
+        table += (f"\ninput scaled per channel before its AscendQuant (quantization.channel_scale, "
+                  f"{len(qp.channel_scales)}): " + ", ".join(short.get(n, n) for n in qp.channel_scales))
     if qp.float16:
         table += f"\nleft in float16 on the device ({len(qp.float16)}):\n{qp.float16_table()}"
     write_text(Path(kdir, CALIBRATION_TXT),

@@ -5,6 +5,11 @@ constant weight) reads, by exposing those tensors as extra outputs of the IR's f
 onnxruntime graph, and runs the calibration batches through it twice: ranges first, then
 histograms over those ranges (for the percentile and KL methods).  Ops that read the same
 tensor share its observer, hence its scale_d/offset_d.
+
+With ``channel_scale`` the INT8 convolutions whose input channels span very different ranges (and that cross-layer
+equalization cannot balance) first get a per-channel float16 scale in front of their AscendQuant (``channel_scale``:
+one more float pass), and the calibration runs on that scaled graph; the parameters record the scales
+(``QuantParams.channel_scales``).
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from ..errors import DataError
 from ..ir import Graph, Node
 from ..ops import get as get_op
 from ..progress import progress
+from . import channel_scale as channel_scaling
 from . import scheme
 from .device_rules import rollback_reason
 from .qparams import Float16Op, QuantizedOp, QuantParams
@@ -137,16 +143,23 @@ def quantize(graph: Graph, ranges: dict[str, tuple[float, float]], method: str,
 
 def calibrate(graph: Graph, batches, method: str, percentile: float = 99.99, bins: int = 2048,
               kl_max_clipped: float = 0.01, skip=(), overrides: dict[str, str] | None = None,
-              rollback_small_channels: bool = True) -> QuantParams:
+              rollback_small_channels: bool = True, channel_scale: bool = False) -> QuantParams:
     """Observe ``batches`` on the (folded) ``graph`` and compute every quantized op's parameters."""
     return calibrate_with(graph, batches, method, percentile, bins, kl_max_clipped, skip, overrides,
-                          rollback_small_channels)[0]
+                          rollback_small_channels, channel_scale)[0]
 
 
 def calibrate_with(graph: Graph, batches, method: str, percentile: float = 99.99, bins: int = 2048,
                    kl_max_clipped: float = 0.01, skip=(), overrides: dict[str, str] | None = None,
-                   rollback_small_channels: bool = True):
-    """``calibrate``, also returning the Calibrater (its observers' histograms feed the report)."""
+                   rollback_small_channels: bool = True, channel_scale: bool = False):
+    """``calibrate``, also returning the Calibrater (its observers' histograms feed the report).  With
+    ``channel_scale`` the convolutions' inputs are scaled per channel first (module doc): the returned parameters carry
+    the scales, the Calibrater observed the scaled graph (``QuantParams.apply(graph)``)."""
+    scales = {}
+    if channel_scale:
+        scales = channel_scaling.choose(graph, {n.name for n in precision_plan(graph, skip, rollback_small_channels)[0]},
+                                        batches)
+        graph = channel_scaling.apply(graph, scales)
     cal = Calibrater(graph, bins, skip, rollback_small_channels)
     methods = cal.methods(method, overrides)
     cal.collect(batches, histograms=any(METHODS[m].histograms for m in methods.values()))
@@ -154,4 +167,5 @@ def calibrate_with(graph: Graph, batches, method: str, percentile: float = 99.99
                   rollback_small_channels)
     for q in qp.ops:
         q.stats["method"] = methods[q.input]
+    qp.channel_scales = scales
     return qp, cal

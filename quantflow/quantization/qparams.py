@@ -13,6 +13,11 @@ whose float weights the recovery rewrote in the folded graph (cross-layer equali
 ``quantflow.quantization.recovery``): ``QuantParams.apply`` puts them into the graph, and ``deploy.quantized_graph``
 builds every deploy graph (the emulation's, deploy.onnx, the deploy MindIR) from that graph, so that a float16 op
 and the float network the INT8 ops were calibrated on are the recovered ones everywhere.
+
+``channel_scaled`` (in qparams.json, arrays ``channel_scale<i>`` in qparams.npz) names the convolutions whose input
+the calibration scaled per channel (``quantflow.quantization.channel_scale``): ``QuantParams.apply`` inserts their
+float16 ``Mul`` and divides their float weights, before the recovered float weights are put in (those were computed
+on the scaled graph).
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import numpy as np
 
 from ..errors import QuantflowError
 from ..io.atomic import save_npz, write_json
+from . import channel_scale
 
 QPARAMS_JSON, QPARAMS_NPZ = "qparams.json", "qparams.npz"
 
@@ -115,6 +121,8 @@ class QuantParams:
     order: list[str] = field(default_factory=list)            # every quantizable op's node, in graph order
     # node -> {"weight": float32, "bias": float32}: the folded graph's float weights the recovery rewrote
     float_weights: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    # node -> float16-valued float32 per input channel: a convolution's input scales (``channel_scale``)
+    channel_scales: dict[str, np.ndarray] = field(default_factory=dict)
 
     def without(self, nodes, reason: str) -> "QuantParams":
         """These parameters with the INT8 ops of ``nodes`` left in float16 for ``reason``."""
@@ -130,8 +138,11 @@ class QuantParams:
         return replace(self, ops=[q for q in self.ops if q.node in keep], float16=[])
 
     def apply(self, graph):
-        """The (BatchNorm-folded) ``graph`` with the recovered float weights (``float_weights``) in place: a new
-        graph; ``graph`` itself when there are none.  Applying twice gives the same graph."""
+        """The (BatchNorm-folded) ``graph`` with the convolutions' input scales (``channel_scales``: a Mul inserted,
+        the weights divided, ``channel_scale.apply``) and then the recovered float weights (``float_weights``,
+        which were computed on the scaled graph) in place: a new graph; ``graph`` itself when there are none.
+        Applying twice gives the same graph."""
+        graph = channel_scale.apply(graph, self.channel_scales)
         if not self.float_weights:
             return graph
         g = copy.copy(graph)
@@ -174,10 +185,14 @@ class QuantParams:
         for i, (node, fw) in enumerate(self.float_weights.items()):
             recovered.append({"node": node, "arrays": sorted(fw)})
             arrays.update({f"float{i}.{k}": v for k, v in fw.items()})
+        scaled = list(self.channel_scales)
+        arrays.update({f"channel_scale{i}": self.channel_scales[node] for i, node in enumerate(scaled)})
         save_npz(npz, arrays)  # the arrays first: a reader finding the json finds its arrays
         meta = {"scheme": "ascend-int8", "method": self.method, "ops": entries}
         if recovered:
             meta["recovered_float"] = recovered
+        if scaled:
+            meta["channel_scaled"] = scaled
         write_json(js, meta, indent=1, sort_keys=False)
         return js, npz
 
@@ -203,7 +218,8 @@ class QuantParams:
                 deq_scale=arrays[f"{i}.deq_scale"], relu=h["relu"], stats=h.get("stats", {})))
         float_weights = {r["node"]: {k: arrays[f"float{i}.{k}"] for k in r["arrays"]}
                          for i, r in enumerate(meta.get("recovered_float", []))}
-        return cls(meta["method"], ops, float16, order, float_weights)
+        channel_scales = {node: arrays[f"channel_scale{i}"] for i, node in enumerate(meta.get("channel_scaled", []))}
+        return cls(meta["method"], ops, float16, order, float_weights, channel_scales)
 
     def table(self) -> str:
         """One line per op: its short name (``short_names``), its parameters, and its full layer scope last."""

@@ -6,7 +6,12 @@ which the score head gives no weight): its AscendQuant range must hold 1000, so 
 the features (about 0..3) to 0 or one step and the INT8 scores lose what FP32 sees.  The box head reads the
 features alone and quantizes well.  A real network gets there with an outlier channel (LLM-style activation
 outliers, a badly folded BatchNorm); the effect on the gate is the same as in the YOLOv8n measurements of
-/tmp/research/onnx_models.md: the box coordinates dominate the output's energy, so its cosine stays high."""
+/tmp/research/onnx_models.md: the box coordinates dominate the output's energy, so its cosine stays high.
+
+The project's config (``CONFIG``) turns ``quantization.channel_scale`` off, and ends with that ``[quantization]``
+table: channel scales move the outlier channel into the score head's weights (the head gives it none) and the INT8
+scores are then kept, which is not the case these tests gate.  A test adding quantization keys appends them
+without the table header."""
 from __future__ import annotations
 
 import shutil
@@ -92,6 +97,9 @@ data_dir = "heldout"
 [aipp]
 template = "static_rgb888_u8.cfg"
 input_channel_order = "BGR"
+
+[quantization]
+channel_scale = false
 """
 
 

@@ -55,7 +55,8 @@ def _equalize(ctx: Context, qp: QuantParams) -> tuple[QuantParams, dict]:
     for node, w in weights.items():
         merged[node] = {**merged.get(node, {}), **w}
     out = ctx.recalibrate(replace(qp, float_weights=merged))
-    return replace(out, float_weights=merged), {"pairs": pairs, "left_alone": alone}
+    # the calibration again ran on the scaled graph (qp.apply): the input channel scales stay as they were
+    return replace(out, float_weights=merged, channel_scales=qp.channel_scales), {"pairs": pairs, "left_alone": alone}
 
 
 def _ranges(ctx: Context, qp: QuantParams) -> tuple[QuantParams, dict]:
