@@ -121,7 +121,7 @@ def write_draws(path: Path, draws: dict) -> None:
 
 
 def _tuning(cfg, fallback: dict, ev) -> dict | None:
-    """The fallback's tuning images and its last figure, checked apart from the gate's images ``ev``."""
+    """The fallback's tuning images and the figure of the step it kept, checked apart from the gate's images ``ev``."""
     from quantflow.evaluation.metrics import metric
     from quantflow.evaluation.runs import shared_images
 
@@ -135,7 +135,7 @@ def _tuning(cfg, fallback: dict, ev) -> dict | None:
     if both:
         raise DataError(f"the gate's images and the fallback's tuning images share {len(both)} (e.g. {both[0][1]}); "
                         f"a verdict on them would not be independent")
-    last = fallback["steps"][-1]
+    last = next(s for s in reversed(fallback["steps"]) if not s.get("undone"))   # the step whose parameters it kept
     return {"source": t["source"], "images": t["images"], "passed": last["passed"],
             "figure": metric(fallback.get("metric", cfg.evaluation.metric)).step_line(last)}
 

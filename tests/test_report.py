@@ -281,6 +281,26 @@ def test_fallback_section_names_the_rolled_back_layers(full_report):
     assert "fallback is off" not in full_report.text("fallback")
 
 
+def test_a_step_put_back_is_marked_and_the_tuning_figure_is_the_kept_steps(tmp_path):
+    """A trial step past an UNDECIDED check that came no closer (``"undone"``) shows as tried and put back; the
+    gate's tuning figure is that of the step whose parameters the fallback kept, not the last one tried."""
+    from tasks.gate import _tuning
+
+    fb = fallback_record()
+    steps = [dict(s) for s in fb["steps"]] + [dict(fb["steps"][-1], undone=True, passed=False, int8_top1=0.8,
+                                                   drop=0.1)]
+    rep = Report(render("m", gate_report(), sensitivity(), {}, {"mode": "auto", "steps": steps}))
+    rows = rep.sections["fallback"]["rows"]
+    assert rows[3][1].startswith("Default/block6") and "put back" not in rows[3][1]
+    assert rows[4][1].endswith("(tried: no closer to passing, its last layer put back)")
+    cfg = type("Cfg", (), {"path": staticmethod(lambda p: tmp_path / p), "evaluation": type("E", (), {
+        "tune_dir": None, "metric": "top1"})()})()
+    record = {"mode": "auto", "metric": "top1", "steps": steps, "tuning": {"source": "s", "images": 3, "names": []}}
+    held = type("Ev", (), {"paths": []})()
+    t = _tuning(cfg, record, held)
+    assert t["passed"] is True and t["figure"].startswith("INT8 top-1 0.9000")
+
+
 @pytest.mark.parametrize("fallback", [None, {"mode": "off", "steps": []}, {"mode": "auto", "steps": []},
                                       {"mode": "off", "steps": fallback_record()["steps"]}])
 def test_fallback_off(fallback):

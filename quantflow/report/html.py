@@ -173,7 +173,11 @@ def render(title: str, gate: dict, sensitivity: dict | None, histograms: dict, f
                          f"{gate['images']} others.</p>")
         parts.append(_img(plots.step_chart([s["int8_ops"] for s in steps], m.steps_series(steps, gate)),
                           "fallback steps"))
-        parts.append(_table(*m.steps_table(steps)))
+        head, rows = m.steps_table(steps)
+        for row, st in zip(rows, steps):   # column 1: the layers in float16 at that step
+            if st.get("undone"):
+                row[1] = f"{row[1]} (tried: no closer to passing, its last layer put back)"
+        parts.append(_table(head, rows))
     parts.append("</section>")
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;"
              "margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px}.pass{color:green}"
