@@ -67,7 +67,8 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
                               f"machine ({str(err).splitlines()[0]})") from None
         ms.set_seed(r.seed)
         net = FakeQuantNet(graph, qp, kdir / "network", learn_ranges=r.learn_ranges, learn_scales=r.learn_scales)
-        learned = ["weights"] + ["ranges"] * r.learn_ranges + [f"channel scales of {len(net.pairs)} pair(s)"] * r.learn_scales
+        learned = (["weights"] + ["ranges"] * r.learn_ranges
+                   + [f"channel scales of {len(net.pairs)} pair(s)"] * r.learn_scales)
         print(f"retraining {len(qp.ops)} INT8 ops ({r.mode}, {r.steps} steps, lr {r.lr}, {', '.join(learned)}"
               f"{'' if r.learn_ranges else '; ranges frozen'}) on {r.device_target}")
         try:
@@ -97,7 +98,8 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
     (retrained if kept == "retrained" else qp).save(kdir)
     _save_checkpoint(kdir / RETRAINED_CKPT, learned_values, qp)
     record = {"mode": r.mode, "steps": r.steps, "lr": r.lr, "batch_size": r.batch_size, "seed": r.seed,
-              "learn_ranges": r.learn_ranges, "learn_scales": r.learn_scales, "scales_lr": r.scales_lr, "scaled_pairs": pairs,
+              "learn_ranges": r.learn_ranges, "learn_scales": r.learn_scales, "scales_lr": r.scales_lr,
+              "scaled_pairs": pairs,
               "device_target": r.device_target, "machine": platform.machine(),
               "images": int(len(calibration)), "variants": int(len(images) - len(calibration)),
               "int8_ops": len(qp.ops), "losses": run["losses"],

@@ -26,8 +26,10 @@ learned from 0.  In float that is the same network (but where a ReLU6 then clips
 through the quantization: a straight-through rounding error e of the tensor between reaches the output as
 e / s_c, and the gradient grows the channels one scale per tensor starves until the range's clip pushes back
 (the learnable equivalent transformation of OmniQuant, Shao et al., ICLR 2024, on the device's per-tensor
-activation grid).  ``learned`` returns the rescaled weights, which the scheme then quantizes like any others.  ``requantized`` turns what was learned into
-INT8 parameters through the scheme's own functions (the path calibration's output takes).
+activation grid).  ``learned`` returns the rescaled weights, which the scheme then quantizes like any others.
+
+``requantized`` turns what was learned into INT8 parameters through the scheme's own functions (the path
+calibration's output takes).
 
 The forward equals the emulator's where the arithmetic is the same, or differs by one float16 ulp of an
 element where the order differs: the scales are computed here in float32 (the scheme in float64, so a weight or
@@ -218,7 +220,8 @@ def write_qat_net(graph: Graph, qparams: QuantParams, out_dir: Path, pairs: list
     for i, q in enumerate(qparams.ops):
         node = nodes[q.node]
         weight = graph.initializers[node.inputs[1]]
-        sizes = {"o": weight.shape[q.channel_axis], "i": weight.shape[in_channel_shape(q, weight, node.attrs).index(-1)]}
+        sizes = {"o": weight.shape[q.channel_axis],
+                 "i": weight.shape[in_channel_shape(q, weight, node.attrs).index(-1)]}
         for side, table in (("o", scale_out), ("i", scale_in)):
             if q.node not in table:   # no rescaled pair on that side: ones
                 w.arrays[f"one{side}{i}"] = np.ones(sizes[side], np.float32)
@@ -305,10 +308,10 @@ class FakeQuantNet:
     def learned(self) -> dict[str, dict[str, np.ndarray]]:
         """node -> {"weight", "bias"} (float32) of every INT8 op, its channels rescaled where it is in a rescaled
         pair (as ``FakeQuantOp`` computes them), and per quantized tensor its ``range``."""
-        out = {}
+        out, scales = {}, list(self.channel_scales().values())
         for q, f in zip(self.qparams.ops, self.cell.fq):
             weight, bias = f.weight.asnumpy().astype(np.float64), f.bias.asnumpy().astype(np.float64)
-            for p, s in zip(self.pairs, self.channel_scales().values()):
+            for p, s in zip(self.pairs, scales):
                 if p.l1.name == q.node:
                     weight, bias = weight * s.reshape(f.w_shape), bias * s
                 if p.l2.name == q.node:
