@@ -234,7 +234,8 @@ def row_cells(r: dict) -> list[str]:
                                                  else "")
     fallback = r.get("fallback") or {}
     fb = [o.get("scope") or o.get("node") if isinstance(o, dict) else o for o in fallback.get("float_ops", [])]
-    steps = " -> ".join(s.get("verdict", "?") for s in fallback.get("steps", []))
+    steps = " -> ".join(s.get("verdict", "?") + (" (put back)" if s.get("undone") else "")
+                        for s in fallback.get("steps", []))
     sq = ", ".join(f"{k} {v:.1f}" for k, v in output_sqnr(rep).items())
     rec = " -> ".join(f"{k} {v:.1f}" for k, v in sqnr_steps(r.get("recovery") or {}).items()) or \
         ("off" if r["recover"] == "off" else "no method changed it")
