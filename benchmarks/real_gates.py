@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmarks.peers import MODELS, ROOT, toml_value, write_project
+from quantflow.quantization.recovery.measure import GUARD
 
 
 @dataclass(frozen=True)
@@ -108,8 +109,9 @@ def output_sqnr(report: dict) -> dict:
     return {" ".join(filter(None, [o["output"], o.get("part")])): o["sqnr_db"] for o in report.get("outputs", [])}
 
 
-def sqnr_steps(recovery: dict, network: str = "network output") -> dict:
-    """recovery.json's network output SQNR (dB, every op in INT8, on the recovery's calibration images) before
+def sqnr_steps(recovery: dict, network: str = GUARD) -> dict:
+    """recovery.json's guard figure (the least SQNR, dB, of the outputs or parts the gate compares, every op in
+    INT8, on the recovery's calibration images; ``network``: another of its keys, e.g. the outputs pooled) before
     recovery and after each method (``"method"``, ``"method (undone)"`` where the guard undid it); empty where no
     method changed the parameters (no emulation ran)."""
     before = (recovery.get("before") or {}).get(network)
@@ -249,7 +251,7 @@ def row_cells(r: dict) -> list[str]:
 def format_table(rows: list[dict]) -> str:
     lines = ["| case | gate | images (calib / held-out: tuning + gate) | recover "
              "| verdict: gated figures [95% interval] | fallback layers | output SQNR dB on the gate's images "
-             "| recovery: network SQNR dB (calibration images) | s |", "|---|---|---|---|---|---|---|---|---|"]
+             "| recovery: least region SQNR dB (calibration images) | s |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rep = r.get("report") or {}
         n_gate = rep.get("images", "?")

@@ -50,5 +50,8 @@ def test_verdicts_output_sqnr_and_recovery_steps_read_the_artifacts():
            "steps": [{"method": "equalize", "kept": True, "after": {"network output": 12.0}},
                      {"method": "ranges", "kept": False, "after": {"network output": 11.0}},
                      {"method": "adaround", "kept": True, "after": {}}]}
-    assert sqnr_steps(rec) == {"before": 10.0, "equalize": 12.0, "ranges (undone)": 11.0}
+    assert sqnr_steps(rec, "network output") == {"before": 10.0, "equalize": 12.0, "ranges (undone)": 11.0}
+    guarded = {"before": {"least region": 4.0}, "steps": [{"method": "adaround", "kept": True,
+                                                             "after": {"least region": 5.5}}]}
+    assert sqnr_steps(guarded) == {"before": 4.0, "adaround": 5.5}   # by default the guard's figure
     assert sqnr_steps({"mode": "off", "steps": []}) == {}
