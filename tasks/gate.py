@@ -137,6 +137,7 @@ def _tuning(cfg, fallback: dict, ev) -> dict | None:
                         f"a verdict on them would not be independent")
     last = next(s for s in reversed(fallback["steps"]) if not s.get("undone"))   # the step whose parameters it kept
     return {"source": t["source"], "images": t["images"], "passed": last["passed"],
+            "verdict": last.get("verdict", "PASS" if last["passed"] else "FAIL"),
             "figure": metric(fallback.get("metric", cfg.evaluation.metric)).step_line(last)}
 
 

@@ -298,7 +298,7 @@ def test_a_step_put_back_is_marked_and_the_tuning_figure_is_the_kept_steps(tmp_p
     record = {"mode": "auto", "metric": "top1", "steps": steps, "tuning": {"source": "s", "images": 3, "names": []}}
     held = type("Ev", (), {"paths": []})()
     t = _tuning(cfg, record, held)
-    assert t["passed"] is True and t["figure"].startswith("INT8 top-1 0.9000")
+    assert t["passed"] is True and t["verdict"] == "PASS" and t["figure"].startswith("INT8 top-1 0.9000")
 
 
 @pytest.mark.parametrize("fallback", [None, {"mode": "off", "steps": []}, {"mode": "auto", "steps": []},
@@ -510,7 +510,7 @@ def test_the_report_shows_the_fallback_figure_on_its_tuning_images_beside_the_ga
     cells = {r[0]: r[1] for r in rep.sections["verdict"]["rows"][1:]}
     assert cells["held-out images"] == "8 (the gate's: none tuned on)" and cells["INT8 top-1"] == "87.50%"
     assert cells["fallback tuned on"] == "9 images: 50% of each folder of evaluation.data_dir eval"
-    assert cells["fallback's figure on them"] == "INT8 top-1 0.9000 (drop 0.00 points) (passed)"
+    assert cells["fallback's figure on them"] == "INT8 top-1 0.9000 (drop 0.00 points) (PASS)"
     assert "Tuned on 9 images (50% of each folder" in rep.text("fallback") and "judged 8 others" in rep.text("fallback")
 
 

@@ -51,7 +51,7 @@ def _verdict_rows(m, gate: dict) -> list[list]:
     if t:
         rows = [["held-out images", f"{gate['images']} (the gate's: none tuned on)"]] + m.summary_rows(gate) + [
             ["fallback tuned on", f"{t['images']} images: {t['source']}"],
-            ["fallback's figure on them", f"{t['figure']} ({'passed' if t['passed'] else 'failed'})"]]
+            ["fallback's figure on them", f"{t['figure']} ({t.get('verdict', 'PASS' if t['passed'] else 'FAIL')})"]]
     return rows + [["INT8 ops", int8_ops(gate).replace(" INT8 ops", "")],
                    ["range method", gate.get("calibration_method", "?")]]
 

@@ -26,8 +26,8 @@ def format_table(r: dict) -> str:
     t = r.get("tuning")
     if t:
         head.append(f"  the fallback tuned on {t['images']} other images ({t['source']}): {t['figure']} "
-                    f"({'passed' if t['passed'] else 'failed'} there); the gate's figures below are on images it "
-                    f"did not see")
+                    f"({t.get('verdict', 'PASS' if t['passed'] else 'FAIL')} there); the gate's figures below are on "
+                    f"images it did not see")
     if r.get("precision_note"):
         head.append(f"  note: {r['precision_note']}")
     if r.get("float16_layers"):
