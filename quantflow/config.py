@@ -494,6 +494,10 @@ class RetrainSection(_Section):
                                                           "(the first's output channel times s, the second's input "
                                                           "channel divided by it): moves range between the channels "
                                                           "of a tensor INT8 quantizes with one scale")
+    scales_init: Literal["equalize", "one"] = Field(
+        default="equalize", description="learn_scales: where the channel scales start: 'equalize', cross-layer "
+                                         "equalization's closed form on the calibration images where it is exact (the "
+                                         "ranges calibrated again on the rescaled network); 'one', every scale 1")
     scales_lr: float = Field(default=0.03, gt=0.0, description="learn_scales: the learning rate of the channel scales' "
                                                                "logarithms (cosine decay to a tenth, as lr)")
     device_target: Literal["CPU", "GPU", "Ascend"] = Field(

@@ -53,6 +53,28 @@ def compared_regions(cfg, graph) -> list:
     return [replace(r, output=by_name[r.output]) for r in finest(network_regions(graph, cfg.evaluation, names=names))]
 
 
+def recalibrator(cfg, folded, calibration_paths):
+    """The calibration stage's own work again, as a function of new parameters: their float weights applied to the
+    BatchNorm-folded graph ``folded``, ranges from every calibration image by ``calibration.method``, the Ascend
+    parameters (bias-corrected where the configuration asks).  What a method that changes the float weights
+    (cross-layer equalization: the recovery's, the retraining's start) calibrates its result with."""
+    from quantflow.quantization.calibrater import calibrate
+    from quantflow.quantization.sensitivity import analyse, correct_bias
+
+    k, q = cfg.calibration, cfg.quantization
+
+    def recalibrate(recovered):
+        g = recovered.apply(folded)
+        new = calibrate(g, image_batches(cfg, calibration_paths, k.batch_size), k.method, k.percentile,
+                        k.histogram_bins, k.kl_max_clipped, q.skip, q.methods)
+        if q.bias_correction:
+            sample = image_batches(cfg, calibration_paths[:q.sensitivity_images], k.batch_size)
+            new = correct_bias(new, analyse(g, new, sample, bias_shift=True, engine=cfg.engine).bias_shift)
+        return new
+
+    return recalibrate
+
+
 # the stages that write the INT8 parameters (qparams), in build order: each reads the last one before it that the
 # configuration has, and the stages after them (the per-layer analysis, the fallback) read the last of all
 PARAMETER_STAGES = ("calibrate", "recover", "retrain")

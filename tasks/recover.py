@@ -24,7 +24,7 @@ import numpy as np
 from quantflow.io.atomic import write_json, write_text
 from quantflow.quantization.qparams import QPARAMS_JSON, QPARAMS_NPZ, QuantParams
 
-from .inputs import compared_regions, image_batches, output_names, read_graph
+from .inputs import compared_regions, image_batches, output_names, read_graph, recalibrator
 from .stage import Stage
 
 NAME = "recover"
@@ -40,11 +40,9 @@ def _checks(cfg) -> bool:
 def recover_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, calibration_paths: list[Path],
                   aipp_dir: Path | None = None) -> dict:
     from quantflow.evaluation.intervals import settled
-    from quantflow.quantization.calibrater import calibrate
     from quantflow.quantization.passes import fold_for_quantization
     from quantflow.quantization.recovery import CHEAP, COSTLY, Context, recover
     from quantflow.quantization.recovery.report import text_table
-    from quantflow.quantization.sensitivity import analyse, correct_bias
 
     kdir, q, k = Path(kdir), cfg.quantization, cfg.calibration
     qp = QuantParams.load(calibrate_dir)
@@ -57,18 +55,9 @@ def recover_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, calibra
     raw = read_graph(cfg, graph_dir)
     graph = fold_for_quantization(raw)
     inputs = [np.asarray(x) for x in image_batches(cfg, calibration_paths[:q.recovery_images], k.batch_size)]
-
-    def recalibrate(recovered: QuantParams) -> QuantParams:
-        g = recovered.apply(graph)
-        new = calibrate(g, image_batches(cfg, calibration_paths, k.batch_size), k.method, k.percentile,
-                        k.histogram_bins, k.kl_max_clipped, q.skip, q.methods)
-        if q.bias_correction:
-            sample = image_batches(cfg, calibration_paths[:q.sensitivity_images], k.batch_size)
-            new = correct_bias(new, analyse(g, new, sample, bias_shift=True, engine=cfg.engine).bias_shift)
-        return new
-
     auto = q.recover == "auto"
-    ctx = Context(graph, inputs, recalibrate, q.recovery_iterations, auto=auto, regions=compared_regions(cfg, graph))
+    ctx = Context(graph, inputs, recalibrator(cfg, graph, calibration_paths), q.recovery_iterations, auto=auto,
+                  regions=compared_regions(cfg, graph))
     print(f"recovery ({'auto: ' + ', '.join(CHEAP) if auto else ', '.join(q.recover)}) on {len(calibration_paths[:q.recovery_images])} "
           f"calibration images")
     qp, record = recover(ctx, qp, CHEAP if auto else q.recover, guard=auto)

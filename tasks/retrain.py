@@ -6,8 +6,10 @@ per-layer analysis, the fallback, the deploy graphs and the gate take from here 
 It starts from the parameters of the last parameter stage before it (``inputs.PARAMETER_STAGES``).  Its record
 ``retrain.json``: the settings, the loss of every step, the time, where MindSpore trained, and the distillation
 loss of the INT8 network on the images it learned from (the calibration images and their ``retrain.variants``) as
-the emulator computes it before (``emulated_loss.before``) and with the retrained parameters (``.retrained``); when
-those do not lower it, the parameters it started from are kept (``kept``: "retrained" or "started from").
+the emulator computes it before (``emulated_loss.before``), at the equalized start of ``learn_scales`` with
+``scales_init = "equalize"`` (``initial_scales``: the pairs rescaled, the chains left alone, its emulated loss) and
+with the retrained parameters (``.retrained``); the parameters of the least of them are kept (``kept``:
+"retrained", "equalized" or "started from").
 ``retrained.ckpt``: the learned float weights and biases of the INT8 ops (BatchNorm folded: ``<node>.weight`` /
 ``<node>.bias``) and the ranges (``<tensor>.range``), as a MindSpore checkpoint; ``network/``: the fake-quant
 network's generated source.
@@ -25,7 +27,7 @@ from quantflow.errors import ConfigError, QuantflowError
 from quantflow.io.atomic import atomic_path, write_json
 from quantflow.quantization.qparams import QPARAMS_JSON, QPARAMS_NPZ, QuantParams
 
-from .inputs import compared_regions, image_batches, parameters_dir, read_graph
+from .inputs import compared_regions, image_batches, parameters_dir, read_graph, recalibrator
 from .preflight import module_file
 from .stage import Stage
 
@@ -47,16 +49,28 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
     from quantflow.entry import load_entry
     from quantflow.quantization.passes import fold_for_quantization
     from quantflow.quantization.qat import QAT_NET_PY, FakeQuantNet
-    from quantflow.quantization.retraining import emulated_loss, train_distill, train_labels, variants
+    from quantflow.quantization.retraining import (emulated_loss, equalized_start, train_distill, train_labels,
+                                                   variants)
 
     r, kdir = cfg.retrain, Path(kdir)
-    qp = QuantParams.load(params_dir)
+    start = QuantParams.load(params_dir)
+    folded = fold_for_quantization(read_graph(cfg, graph_dir))
     # the float network the parameters were made for: with recovery's equalized weights where it rescaled any
-    graph = qp.apply(fold_for_quantization(read_graph(cfg, graph_dir)))
-    calibration = np.concatenate(list(image_batches(cfg, calibration_paths, cfg.calibration.batch_size)))
+    graph = start.apply(folded)
+    batches = list(image_batches(cfg, calibration_paths, cfg.calibration.batch_size))
+    calibration = np.concatenate(batches)
     images = variants(calibration, r.variants, r.seed) if r.mode == "distill" else calibration
     loss = _loss(cfg, graph, images)
-    before = emulated_loss(graph, qp, images, loss)
+    before = emulated_loss(graph, start, images, loss)
+    qp, initial = start, None
+    if r.learn_scales and r.scales_init == "equalize":
+        qp, eq = equalized_start(folded, start, [np.asarray(b) for b in batches],
+                                 recalibrator(cfg, folded, calibration_paths))
+        graph = qp.apply(folded)   # the same function as before, up to float rounding (equalization is exact)
+        initial = {"pairs": eq["pairs"], "left_alone": eq["left_alone"],
+                   "emulated_loss": emulated_loss(graph, qp, images, loss)}
+        print(f"channel scales start at cross-layer equalization's: {len(eq['pairs'])} pair(s) rescaled, INT8 "
+              f"(emulated) loss {before:.4g} -> {initial['emulated_loss']:.4g}")
     mode = ms.get_context("mode")
     try:
         try:
@@ -94,12 +108,16 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
         raise QuantflowError(f"retrain: the loss is not finite after {len(run['losses'])} steps (retrain.lr = {r.lr} "
                              f"too large?)")
     after = emulated_loss(graph, retrained, images, loss)
-    kept = "retrained" if after < before else "started from"
-    (retrained if kept == "retrained" else qp).save(kdir)
+    # the least emulated loss of what it started from, the equalized start (when there is one) and the retrained
+    candidates = {"started from": (before, start), "retrained": (after, retrained)}
+    if initial is not None:
+        candidates["equalized"] = (initial["emulated_loss"], qp)
+    kept = min(candidates, key=lambda k: candidates[k][0])
+    candidates[kept][1].save(kdir)
     _save_checkpoint(kdir / RETRAINED_CKPT, learned_values, qp)
     record = {"mode": r.mode, "steps": r.steps, "lr": r.lr, "batch_size": r.batch_size, "seed": r.seed,
-              "learn_ranges": r.learn_ranges, "learn_scales": r.learn_scales, "scales_lr": r.scales_lr,
-              "scaled_pairs": pairs,
+              "learn_ranges": r.learn_ranges, "learn_scales": r.learn_scales, "scales_init": r.scales_init,
+              "scales_lr": r.scales_lr, "initial_scales": initial, "scaled_pairs": pairs,
               "device_target": r.device_target, "machine": platform.machine(),
               "images": int(len(calibration)), "variants": int(len(images) - len(calibration)),
               "int8_ops": len(qp.ops), "losses": run["losses"],
@@ -134,8 +152,9 @@ def _run(b) -> None:
     print(f"retrained in {rec['seconds']:.1f} s on {rec['device_target']}: training loss {losses[0]:.4g} -> "
           f"{losses[-1]:.4g}; INT8 (emulated) on {rec['images']} calibration images"
           + (f" and {rec['variants']} variants" if rec.get("variants") else "") + f" {e['before']:.4g} -> "
-          f"{e['retrained']:.4g}" + ("" if rec["kept"] == "retrained" else
-                                  " -- no better: the parameters it started from are kept") +
+          + (f"{rec['initial_scales']['emulated_loss']:.4g} (equalized start) -> " if rec["initial_scales"] else "")
+          + f"{e['retrained']:.4g}" + {"retrained": "", "equalized": " -- no better: the equalized start is kept"}.get(
+              rec["kept"], " -- no better: the parameters it started from are kept") +
           f" -> {kdir / QPARAMS_JSON}")
 
 

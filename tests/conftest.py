@@ -20,7 +20,7 @@ SLOW_FIXTURES = {
 # modules whose every test builds, kills or trains end to end
 SLOW_MODULES = {
     "test_pipeline_e2e", "test_demo_mbv2", "test_fallback", "test_kill", "test_zoo", "test_onnx_pipeline",
-    "test_bench", "test_release_gate_build", "test_recovery_example",
+    "test_bench", "test_release_gate_build", "test_recovery_example", "test_retrain_example",
 }
 # single end-to-end tests in modules that are otherwise quick ("module::test")
 SLOW_TESTS = {

@@ -115,6 +115,46 @@ def test_distillation_learns_from_the_variants_too(clipped_cfg, calibrated, tmp_
     assert before != pytest.approx(relative_error(cfg, graph_dir, calibrate_dir, paths), rel=1e-3)
 
 
+@pytest.mark.parametrize("scales_init", ["equalize", "one"])
+def test_learned_channel_scales_start_at_equalization_and_the_least_loss_is_kept(clipped_cfg, calibrated, tmp_path,
+                                                                                scales_init):
+    """learn_scales with scales_init = "equalize": the stage starts from cross-layer equalization's parameters
+    (recorded with their emulated loss, which the start made again here gives; its FP32 network the original within
+    float rounding) and keeps the parameters of the least of the emulated losses.  DigitsNet has no pair to rescale
+    (pooling between its convolutions): the start is the calibrated parameters; test_qat has a network with pairs."""
+    from quantflow.quantization.retraining import equalized_start
+    from tasks.inputs import image_batches, read_graph, recalibrator
+
+    graph_dir, calibrate_dir, paths = calibrated
+    out = tmp_path / "retrain"
+    cfg, record = run_retrain(clipped_cfg, calibrated, out, steps=4, lr=1e-4, batch_size=16, learn_scales=True,
+                              scales_init=scales_init)
+    e, init = record["emulated_loss"], record["initial_scales"]
+    assert record["scales_init"] == scales_init and record["scaled_pairs"] == []
+    losses = {"started from": e["before"], "retrained": e["retrained"]}
+    if scales_init == "one":
+        assert init is None
+    else:
+        assert init["pairs"] == [] and init["left_alone"] == []
+        losses["equalized"] = init["emulated_loss"]
+    assert record["kept"] == min(losses, key=losses.get)
+    assert relative_error(cfg, graph_dir, out, paths) == pytest.approx(losses[record["kept"]], rel=1e-6)
+
+    if scales_init == "equalize":
+        # the start, made again: its emulated loss is the one recorded, and its FP32 network is the original one
+        folded = fold_for_quantization(read_graph(cfg, graph_dir))
+        batches = [np.asarray(b) for b in image_batches(cfg, paths, cfg.calibration.batch_size)]
+        start, _ = equalized_start(folded, QuantParams.load(calibrate_dir), batches,
+                                   recalibrator(cfg, folded, paths))
+        start.save(tmp_path / "start")
+        assert relative_error(cfg, graph_dir, tmp_path / "start", paths) == pytest.approx(init["emulated_loss"],
+                                                                                          rel=1e-6)
+        x = np.concatenate(batches[:1])
+        want = float_runner(folded).run(x)[folded.outputs[0]]
+        got = float_runner(start.apply(folded)).run(x)[folded.outputs[0]]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+
+
 def test_variants_are_shifted_and_contrast_scaled_copies():
     from quantflow.quantization.retraining import variants
 

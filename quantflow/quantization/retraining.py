@@ -13,6 +13,13 @@ label-free variants of each (shifted, contrast changed), which the teacher label
 hundred images the student otherwise learns those images' outputs, not the network's function (measured on the
 imbalanced MobileNetV1 example: README, Retraining).
 
+With ``learn_scales`` the channel scales start, where ``retrain.scales_init = "equalize"``, at cross-layer
+equalization's closed form (``equalized_start``: ``recovery.equalize``'s scales on the pairs where the rescaling is
+exact, folded into the float weights, the INT8 parameters calibrated again on them) and are learned from there, as
+OmniQuant starts its learnable equivalent transformation at SmoothQuant's closed-form scales (Shao et al., ICLR
+2024, sec. 3.3).  From one, the straight-through gradient alone has to find a 256x channel imbalance: measured on
+the imbalanced MobileNetV1 example, it reaches 0.1-7x in 200-1000 steps (README, Retraining).
+
 The learning rate decays from ``lr`` to a tenth of it over the steps (cosine).  ``train`` returns the loss of
 every step; the retrain stage measures the result on the emulator (``emulated_loss``), which is what the device
 computes, not the training network's float32 view of it.
@@ -159,6 +166,16 @@ def train_labels(net, loss_of_step, steps: int, lr: float, scales_lr: float = 0.
             _log(bar, s, steps, losses, start)
     net.cell.set_train(False)
     return {"losses": losses, "seconds": time.perf_counter() - start}
+
+
+def equalized_start(graph, qparams, inputs: list[np.ndarray], recalibrate) -> tuple:
+    """(``qparams`` with cross-layer equalization's scales folded into the float weights and calibrated again by
+    ``recalibrate``, the record of the pairs rescaled and left alone): the channel scales' start for
+    ``scales_init = "equalize"``.  ``graph`` is the BatchNorm-folded network without ``qparams``' float weights
+    applied (the recovery's ``Context.graph``); ``inputs`` the batches its channel ranges are measured on."""
+    from .recovery import METHODS, Context
+
+    return METHODS["equalize"].run(Context(graph, inputs, recalibrate), qparams)
 
 
 def emulated_loss(graph, qparams, images: np.ndarray, loss: DistillLoss) -> float:
