@@ -2,8 +2,9 @@
 
     draw(kind, height, width, rng) -> uint8 H,W,3 (BGR, as OpenCV writes and reads it)
 
-Kinds: ``line`` (one text line filling the height: a recognizer's or a text-direction classifier's crop; half of
-them turned 180 degrees), ``page`` (lines of text of several sizes on a page: a text detector's input), ``page4``
+Kinds: ``line`` (one text line filling the height: a text-direction classifier's crop, half of them turned 180
+degrees), ``upright_line`` (the same, never turned: a recognizer's crop, which the direction classifier has turned
+upright before it reaches the recognizer), ``page`` (lines of text of several sizes on a page: a text detector's input), ``page4``
 (a page turned by 0/90/180/270 degrees: page orientation), ``layout`` (a page of title, paragraphs, a ruled table
 and a figure box: a layout detector's), ``shapes`` (filled shapes, skin-toned ellipses and a few large characters
 on a gradient: a generic detector's).  Text is drawn with ``cv2.putText`` (Hershey fonts); the same seed gives the
@@ -17,7 +18,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-KINDS = ("line", "page", "page4", "layout", "shapes")
+KINDS = ("line", "upright_line", "page", "page4", "layout", "shapes")
 FONTS = (cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_DUPLEX, cv2.FONT_HERSHEY_COMPLEX, cv2.FONT_HERSHEY_TRIPLEX,
          cv2.FONT_HERSHEY_PLAIN)
 CHARS = string.ascii_letters + string.digits + "    .,:-"
@@ -50,11 +51,15 @@ def _put_line(img, rng, x: int, y: int, height: int, width: int) -> None:
                 thick, cv2.LINE_AA)
 
 
-def line(rng, h: int, w: int) -> np.ndarray:
+def line(rng, h: int, w: int, turned: float = 0.5) -> np.ndarray:
     img = _paper(rng, h, w)
     th = int(h * rng.uniform(0.45, 0.7))
     _put_line(img, rng, rng.integers(0, max(1, w // 10)), (h + th) // 2, th, w)
-    return img[::-1, ::-1].copy() if rng.random() < 0.5 else img
+    return img[::-1, ::-1].copy() if rng.random() < turned else img
+
+
+def upright_line(rng, h: int, w: int) -> np.ndarray:
+    return line(rng, h, w, turned=0.0)
 
 
 def page(rng, h: int, w: int) -> np.ndarray:
@@ -138,7 +143,7 @@ def shapes(rng, h: int, w: int) -> np.ndarray:
     return img
 
 
-DRAW = {"line": line, "page": page, "page4": page4, "layout": layout, "shapes": shapes}
+DRAW = {"line": line, "upright_line": upright_line, "page": page, "page4": page4, "layout": layout, "shapes": shapes}
 
 
 def draw(kind: str, height: int, width: int, rng: np.random.Generator) -> np.ndarray:
