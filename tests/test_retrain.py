@@ -248,6 +248,10 @@ def test_the_report_shows_the_loss_curve():
     text = Report(page).text("retrain")
     assert "3 steps of 2 INT8 ops" in text and "2.5 before, 1.2 retrained" in text
     assert '<section id="retrain">' not in render("t", gate_report(), None, {}, None)
+    # started at equalization's scales, and that start kept
+    record.update(kept="equalized", initial_scales={"pairs": [{}, {}], "left_alone": [], "emulated_loss": 1.1})
+    text = Report(render("t", gate_report(), None, {}, None, record)).text("retrain")
+    assert "the equalized parameters are used" in text and "equalization's (2 pair(s) rescaled; INT8 loss 1.1)" in text
 
 
 def failing_loss(cfg, network):
