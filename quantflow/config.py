@@ -483,7 +483,9 @@ class RetrainSection(_Section):
         default=None, description="mode = 'labels': 'module:callable(config, network) -> loss(step)', loss(step) the "
                                   "network's loss (a MindSpore scalar) on your labelled batch of that step")
     steps: int = Field(default=200, gt=0, description="optimizer steps (Adam)")
-    lr: float = Field(default=1e-4, gt=0.0, description="learning rate (cosine decay to a tenth over the steps)")
+    lr: float = Field(default=1e-3, gt=0.0, description="learning rate in units of each output channel's INT8 weight "
+                                                         "step (Adam moves a weight by about lr steps at a time; "
+                                                         "cosine decay to a tenth over the steps)")
     batch_size: int = Field(default=32, gt=0, description="distill: calibration images per step")
     variants: int = Field(default=0, ge=0, description="distill: seeded label-free variants of each calibration image "
                                                        "(shifted, contrast changed) added to the images it learns from")

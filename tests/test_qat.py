@@ -254,3 +254,48 @@ def test_a_split_and_a_slice_of_the_batch_train_at_any_batch(tmp_path):
     assert got.shape == want.shape == (16, 8, H, H)
     apart = ulps16(got, want)
     assert apart.max() <= 1 and (apart == 0).mean() >= 0.99
+
+
+def test_the_batch_is_followed_through_transposes_and_dead_channels_train_as_zeros(tmp_path):
+    """An attention-like path (a reshape to [1, 2, 8, HW], a transpose that moves the batch to axis 1, a slice of
+    the first of the two on axis 0) trains at a batch of 4 and computes per image what the emulator does; an
+    output channel of all but zero weights (1e-40, as channel scaling leaves a dead channel) keeps every gradient
+    finite; float16 rounding passes a gradient larger than float16 holds."""
+    import mindspore as ms
+    from test_recovery import H, _conv, images
+
+    from quantflow.ir import Graph, Node, TensorInfo
+    from quantflow.quantization.qat import FakeQuantNet, round16
+
+    rng = np.random.default_rng(1)
+    w0, w1 = rng.normal(0, 0.3, (16, 8, 3, 3)), rng.normal(0, 0.3, (4, 8, 1, 1))
+    w0[3] = 1e-40
+    hw = H * H
+    nodes = [_conv("c0", "x", "y0", w0, pad=1),
+             Node("r", "Reshape", ["y0"], ["r0"], {"shape": [1, 2, 8, hw]}),
+             Node("t", "Transpose", ["r0"], ["t0"], {"perm": [1, 0, 2, 3]}),
+             Node("s", "StridedSlice", ["t0"], ["s0"], {"starts": [0, 0], "ends": [1, 1], "axes": [0, 1],
+                                                        "steps": [1, 1], "squeeze": [0]}),
+             Node("r2", "Reshape", ["s0"], ["r1"], {"shape": [1, 8, H, H]}),
+             _conv("c1", "r1", "out", w1)]
+    g = Graph(nodes, ["x"], ["out"], {"c0.w": w0.astype(np.float32), "c1.w": w1.astype(np.float32)},
+              {"x": TensorInfo((1, 8, H, H)), "y0": TensorInfo((1, 16, H, H)), "r0": TensorInfo((1, 2, 8, hw)),
+               "t0": TensorInfo((2, 1, 8, hw)), "s0": TensorInfo((1, 8, hw)), "r1": TensorInfo((1, 8, H, H)),
+               "out": TensorInfo((1, 4, H, H))})
+    g.check()
+    calib = [x[i:i + 1] for x in images(5) for i in range(len(x))]
+    qp = calibrate(g, calib, "minmax", rollback_small_channels=False)
+    net = FakeQuantNet(g, qp, tmp_path / "net", learn_ranges=True)
+    x = np.concatenate(images(6)).astype(np.float16)
+    got = net.cell(ms.Tensor(x.astype(np.float32))).asnumpy()
+    emulator = Emulator(quantized_graph(g, qp))
+    want = np.concatenate([emulator.logits(x[i:i + 1]) for i in range(len(x))])
+    assert got.shape == want.shape == (16, 4, H, H)
+    apart = ulps16(got, want)
+    assert apart.max() <= 1 and (apart == 0).mean() >= 0.99
+
+    grads = ms.grad(lambda v: net.cell(v).square().mean(), None, net.trainable)(ms.Tensor(x.astype(np.float32)))
+    assert all(np.all(np.isfinite(gr.asnumpy())) for gr in grads)
+    assert np.all(grads[0].asnumpy()[3] == 0)   # the dead channel is not trained
+    big = ms.grad(lambda v: (round16(v) * 1e6).sum())(ms.Tensor(np.ones(3, np.float32)))
+    np.testing.assert_array_equal(big.asnumpy(), np.full(3, 1e6, np.float32))

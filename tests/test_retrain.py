@@ -77,7 +77,7 @@ def test_a_few_distillation_steps_lower_the_int8_error_and_write_the_artifacts(c
 
     graph_dir, calibrate_dir, paths = calibrated
     out = tmp_path / "retrain"
-    cfg, record = run_retrain(clipped_cfg, calibrated, out, steps=12, lr=1e-4, batch_size=16,
+    cfg, record = run_retrain(clipped_cfg, calibrated, out, steps=12, lr=1e-3, batch_size=16,
                               learn_ranges=learn_ranges)
     assert json.loads((out / RETRAIN_JSON).read_text()) == json.loads(json.dumps(record))
     assert record["steps"] == len(record["losses"]) == 12 and record["device_target"] == "CPU"
@@ -105,7 +105,7 @@ def test_a_few_distillation_steps_lower_the_int8_error_and_write_the_artifacts(c
 def test_distillation_learns_from_the_variants_too(clipped_cfg, calibrated, tmp_path):
     graph_dir, calibrate_dir, paths = calibrated
     out = tmp_path / "retrain"
-    cfg, record = run_retrain(clipped_cfg, calibrated, out, steps=4, lr=1e-4, batch_size=16, variants=2)
+    cfg, record = run_retrain(clipped_cfg, calibrated, out, steps=4, lr=1e-3, batch_size=16, variants=2)
     assert record["images"] == len(paths) and record["variants"] == 2 * len(paths)
     # the emulated losses are over the calibration images and their variants, as the stage's images are made
     before = relative_error(cfg, graph_dir, calibrate_dir, paths, variants=2)
@@ -127,7 +127,7 @@ def test_learned_channel_scales_start_at_equalization_and_the_least_loss_is_kept
 
     graph_dir, calibrate_dir, paths = calibrated
     out = tmp_path / "retrain"
-    cfg, record = run_retrain(clipped_cfg, calibrated, out, steps=4, lr=1e-4, batch_size=16, learn_scales=True,
+    cfg, record = run_retrain(clipped_cfg, calibrated, out, steps=4, lr=1e-3, batch_size=16, learn_scales=True,
                               scales_init=scales_init)
     e, init = record["emulated_loss"], record["initial_scales"]
     assert record["scales_init"] == scales_init and record["scaled_pairs"] == []
@@ -201,7 +201,7 @@ def test_the_labelled_mode_trains_on_the_users_loss(clipped_cfg, calibrated, tmp
     graph_dir, calibrate_dir, paths = calibrated
     out = tmp_path / "retrain"
     _, record = run_retrain(clipped_cfg, calibrated, out, mode="labels", entry="test_retrain:labels_loss", steps=6,
-                            lr=1e-4)
+                            lr=1e-3)
     assert record["mode"] == "labels" and len(record["losses"]) == 6 and np.all(np.isfinite(record["losses"]))
     # the parameters kept are the retrained ones where they lower the emulated error, else the calibrated ones
     e, kept = record["emulated_loss"], relative_error(clipped_cfg, graph_dir, out, paths)

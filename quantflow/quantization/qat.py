@@ -14,7 +14,11 @@ line of ``construct`` in its registry entry's MindSpore form), with the device's
   weights as ``scheme.quantize_weight`` computes it), plus the int32 bias ``round_half_even(b / (scale_d
   scale_w))``; AscendDequant ``fp16(relu?(acc * float32(scale_d scale_w)))``.
 
-The trained values are the INT8 ops' float weights and biases (the folded graph's) and, with ``learn_ranges``,
+The trained values are the INT8 ops' float weights and biases (the folded graph's), each output channel's in units
+of its calibrated INT8 weight step (a power of two near max|w| / 127; its bias in that step times a full-scale
+input: ``units``), so that a learning rate is a fraction of a grid step per step in every layer alike -- Adam moves
+every value by about the learning rate at first, which in absolute terms is nothing to one layer and a wholesale
+change to a layer of small weights -- and, with ``learn_ranges``,
 each quantized tensor's range [lo, hi] (``scheme.act_qparams``: one range per tensor, shared by the ops reading
 it); the roundings pass the gradient straight through, the saturations stop it outside their range, the
 per-channel weight scales follow the weights without a gradient.
@@ -69,13 +73,33 @@ class QatNet(nn.Cell):
 
 
 def round16(x):
-    """float32 -> nearest float16 -> float32; the gradient passes (Cast's)."""
-    return ops.cast(ops.cast(x, ms.float16), ms.float32)
+    """float32 -> nearest float16 -> float32, the gradient passed straight through in float32.  (Cast's own
+    gradient goes through float16, where a gradient above 65504 becomes inf and then NaN: measured on PP-OCRv4 rec's
+    squeeze-excitation convolutions.)  x + (r - x) is r exactly: r - x is exact (Sterbenz: r within a factor 2 of
+    x, or 0, or in float16's subnormal grid below x's last bit), and so is the sum."""
+    return x + ops.stop_gradient(ops.cast(ops.cast(x, ms.float16), ms.float32) - x)
 
 
 def ste_round(x):
     """round half to even, the gradient passed straight through."""
     return x + ops.stop_gradient(ops.round(x) - x)
+
+
+DEAD_STEP = 2.0 ** -64   # an output channel's weight step below which it is taken as zero (FakeQuantOp)
+
+
+def _power_of_two(x: np.ndarray) -> np.ndarray:
+    return np.exp2(np.round(np.log2(np.maximum(x, 1e-30))))
+
+
+def units(weight: np.ndarray, reduce: tuple, scale_d: float) -> tuple[np.ndarray, np.ndarray]:
+    """(per output channel, the unit its weights are trained in: the power of two nearest its INT8 weight step
+    max|w| / 127; the unit of its bias: the power of two nearest the output one weight step gives on a full-scale
+    input, step * 127 * scale_d).  Powers of two, so that value * unit is exact in float32 and the network at the
+    start computes with the calibrated weights bit for bit."""
+    amax = np.abs(weight).max(axis=reduce)
+    step = np.where(amax > 0, amax / 127.0, 1.0)
+    return _power_of_two(step), _power_of_two(step * 127.0 * max(float(scale_d), 1e-30))
 
 
 class FakeQuantOp(nn.Cell):
@@ -86,12 +110,21 @@ class FakeQuantOp(nn.Cell):
         super().__init__()
         self.node = q.node
         self.relu = bool(q.relu)
-        self.weight = Parameter(Tensor(np.asarray(weight, np.float32)), name="weight")
-        self.bias = Parameter(Tensor(np.asarray(bias, np.float32)), name="bias")
         shape = [1] * weight.ndim
         shape[q.channel_axis] = -1
         self.w_shape = tuple(shape)                                  # scale_w against the weight
         self.reduce = tuple(i for i in range(weight.ndim) if i != q.channel_axis)
+        # the trained values are in units of each output channel's INT8 grid as calibrated (module doc)
+        self.w_unit, self.b_unit = units(np.asarray(weight, np.float64), self.reduce, q.scale_d)
+        self.weight = Parameter(Tensor((weight / self.w_unit.reshape(self.w_shape)).astype(np.float32)), name="weight")
+        self.bias = Parameter(Tensor((bias / self.b_unit).astype(np.float32)), name="bias")
+        self.w_scale = Tensor(self.w_unit.reshape(self.w_shape).astype(np.float32))
+        self.b_scale = Tensor(self.b_unit.astype(np.float32))
+        # dead output channels (a weight step below DEAD_STEP: all but zero weights, as a pruned or channel-scaled
+        # network has): trained as exact zeros with a step of 1, which computes what the device does (their
+        # output rounds to float16 zero either way) and keeps 1 / step out of the gradient, where it overflows
+        step = np.abs(np.asarray(weight, np.float64)).max(axis=self.reduce) / 127.0
+        self.dead = Tensor(step < DEAD_STEP)
         self.in_shape = in_channel_shape(q, weight, attrs)           # a scale of the input channels, likewise
         if q.op == "Conv2D":
             cout, _, kh, kw = weight.shape
@@ -106,8 +139,8 @@ class FakeQuantOp(nn.Cell):
 
     def construct(self, x, lo, hi, s_out, s_in):
         # the learned channel scales (module doc): ones where the op is in no rescaled pair
-        weight = self.weight * s_out.reshape(self.w_shape) / s_in.reshape(self.in_shape)
-        bias = self.bias * s_out
+        weight = self.weight * self.w_scale * s_out.reshape(self.w_shape) / s_in.reshape(self.in_shape)
+        bias = self.bias * self.b_scale * s_out
         # scheme.act_qparams: [lo, hi] widened to hold 0, mapped onto [-128, 127]
         lo = ops.minimum(lo, 0.0)
         hi = ops.maximum(hi, 0.0)
@@ -117,6 +150,9 @@ class FakeQuantOp(nn.Cell):
         t = round16(round16(x * round16(1.0 / scale_d)) + offset)
         q = ops.clip_by_value(ste_round(t), -128.0, 127.0)
         # scheme.quantize_weight: max|w| / 127 per output channel, at least what keeps the bias in int32
+        dead = self.dead.reshape(self.w_shape)
+        weight = ops.where(dead, ops.zeros_like(weight), weight)
+        bias = ops.where(self.dead, ops.zeros_like(bias), bias)
         amax = ops.amax(ops.abs(weight), self.reduce)
         scale_w = ops.where(amax > 0, amax / 127.0, ops.ones_like(amax))
         scale_w = ops.stop_gradient(ops.maximum(scale_w, ops.abs(bias) / (scale_d * scheme.BIAS_LIMIT)))
@@ -168,29 +204,58 @@ def _float_bias(q: QuantizedOp) -> np.ndarray:
 _SHAPED = ("Reshape", "Flatten", "Squeeze", "ExpandDims")   # ops whose target shape the IR holds (static)
 
 
+def _batch_axis(graph: Graph, node, axis: int) -> int | None:
+    """Where the batch is in ``node``'s first output when it is on ``axis`` of its first input (None: not followed,
+    and the tensors after it are left as exported)."""
+    a = node.attrs
+    rank_in, rank_out = len(graph.shape(node.inputs[0])), len(graph.shape(node.outputs[0]))
+    if "perm" in a:
+        return list(a["perm"]).index(axis)
+    if node.op in _SHAPED:   # row-major: the target dimension after as many elements as came before the batch
+        before, shape = int(np.prod(graph.shape(node.inputs[0])[:axis])), graph.shape(node.outputs[0])
+        return next((k for k in range(rank_out) if int(np.prod(shape[:k])) == before), None)
+    if node.op == "StridedSlice":
+        return axis - sum(1 for k in a["squeeze"] if k < axis) if axis not in a["squeeze"] else None
+    if "axes" in a and "keepdims" in a:   # a reduction
+        axes = [k % rank_in for k in a["axes"]]
+        return None if axis in axes else axis - (0 if a["keepdims"] else sum(1 for k in axes if k < axis))
+    return axis + rank_out - rank_in if rank_out >= rank_in else (axis if rank_out == rank_in else None)
+
+
 def batch_free(graph: Graph) -> Graph:
-    """``graph`` with the target shapes of its reshapes free in the batch (-1 where the exported batch was), and
-    its slices that take the whole exported batch taking the whole batch, so that the network trains on batches of
-    any size (the IR is static: exported for ``model.input_shape``)."""
+    """``graph`` free in the batch, so that the network trains on batches of any size (the IR is static: exported
+    for ``model.input_shape``).  The batch axis is followed from the input through the ops (a transpose moves it,
+    a reshape keeps it where as many elements come before it); a reshape's target dimension that holds it becomes
+    -1 (n images' rows where a MatMul reads [n, T, C] as [n T, C]), and a slice taking the whole exported batch on
+    it takes the whole batch."""
     import copy
 
     n = graph.shape(graph.inputs[0])[0]
     g = copy.copy(graph)
     g.nodes = []
+    axis_of = {graph.inputs[0]: 0}   # tensor -> its batch axis, for the tensors computed from the input
     for node in graph.nodes:
-        shape = node.attrs.get("shape")
-        batched = bool(node.inputs) and graph.shape(node.inputs[0])[:1] == (n,)
-        if node.op in _SHAPED and shape and shape[0] == n and batched:
+        a = node.attrs
+        axis = next((axis_of[i] for i in node.inputs if i in axis_of), None)
+        if axis is not None and node.inputs[0] not in axis_of:   # the batch comes in on a later input
+            axis = axis + len(graph.shape(node.outputs[0])) - len(graph.shape(next(i for i in node.inputs
+                                                                                     if i in axis_of)))
+        elif axis is not None:
+            axis = _batch_axis(graph, node, axis_of[node.inputs[0]])
+        shape = a.get("shape")
+        if axis is not None and node.op in _SHAPED and shape and -1 not in shape and shape[axis] % n == 0:
             node = copy.deepcopy(node)
-            node.attrs["shape"] = [-1] + list(shape[1:])
-        elif node.op == "StridedSlice" and batched and 0 not in node.attrs["squeeze"]:
-            a = node.attrs
-            whole = [k for k, (s, e, st, axis) in enumerate(zip(a["starts"], a["ends"], a["steps"], a["axes"]))
-                     if axis == 0 and s == 0 and e >= n and st == 1]
+            node.attrs["shape"] = [-1 if k == axis else d for k, d in enumerate(shape)]
+        elif node.op == "StridedSlice" and node.inputs[0] in axis_of:
+            on = axis_of[node.inputs[0]]
+            whole = [k for k, (s, e, st, ax) in enumerate(zip(a["starts"], a["ends"], a["steps"], a["axes"]))
+                     if ax == on and s == 0 and e >= n and st == 1]
             if whole:
                 node = copy.deepcopy(node)
                 for k in whole:
                     node.attrs["ends"][k] = 2 ** 62   # to the end (_slice_ms writes it open)
+        if axis is not None and 0 <= axis:
+            axis_of.update((o, axis) for o in node.outputs)
         g.nodes.append(node)
     return g
 
@@ -325,7 +390,8 @@ class FakeQuantNet:
         pair (as ``FakeQuantOp`` computes them), and per quantized tensor its ``range``."""
         out, scales = {}, list(self.channel_scales().values())
         for q, f in zip(self.qparams.ops, self.cell.fq):
-            weight, bias = f.weight.asnumpy().astype(np.float64), f.bias.asnumpy().astype(np.float64)
+            weight = f.weight.asnumpy().astype(np.float64) * f.w_unit.reshape(f.w_shape)
+            bias = f.bias.asnumpy().astype(np.float64) * f.b_unit
             for p, s in zip(self.pairs, scales):
                 if p.l1.name == q.node:
                     weight, bias = weight * s.reshape(f.w_shape), bias * s
