@@ -269,16 +269,19 @@ def test_the_batch_is_followed_through_transposes_and_dead_channels_train_as_zer
 
     rng = np.random.default_rng(1)
     w0, w1 = rng.normal(0, 0.3, (16, 8, 3, 3)), rng.normal(0, 0.3, (4, 8, 1, 1))
-    w0[3] = 1e-40
+    b0 = rng.normal(0, 0.1, 16)
+    w0[3], b0[3] = 1e-40, 0.0    # dead
+    w0[5], b0[5] = 1e-40, 0.5    # not dead: its bias is its output
     hw = H * H
-    nodes = [_conv("c0", "x", "y0", w0, pad=1),
+    nodes = [_conv("c0", "x", "y0", w0, b0, pad=1),
              Node("r", "Reshape", ["y0"], ["r0"], {"shape": [1, 2, 8, hw]}),
              Node("t", "Transpose", ["r0"], ["t0"], {"perm": [1, 0, 2, 3]}),
              Node("s", "StridedSlice", ["t0"], ["s0"], {"starts": [0, 0], "ends": [1, 1], "axes": [0, 1],
                                                         "steps": [1, 1], "squeeze": [0]}),
              Node("r2", "Reshape", ["s0"], ["r1"], {"shape": [1, 8, H, H]}),
              _conv("c1", "r1", "out", w1)]
-    g = Graph(nodes, ["x"], ["out"], {"c0.w": w0.astype(np.float32), "c1.w": w1.astype(np.float32)},
+    g = Graph(nodes, ["x"], ["out"], {"c0.w": w0.astype(np.float32), "c0.b": b0.astype(np.float32),
+                                      "c1.w": w1.astype(np.float32)},
               {"x": TensorInfo((1, 8, H, H)), "y0": TensorInfo((1, 16, H, H)), "r0": TensorInfo((1, 2, 8, hw)),
                "t0": TensorInfo((2, 1, 8, hw)), "s0": TensorInfo((1, 8, hw)), "r1": TensorInfo((1, 8, H, H)),
                "out": TensorInfo((1, 4, H, H))})
@@ -296,6 +299,7 @@ def test_the_batch_is_followed_through_transposes_and_dead_channels_train_as_zer
 
     grads = ms.grad(lambda v: net.cell(v).square().mean(), None, net.trainable)(ms.Tensor(x.astype(np.float32)))
     assert all(np.all(np.isfinite(gr.asnumpy())) for gr in grads)
-    assert np.all(grads[0].asnumpy()[3] == 0)   # the dead channel is not trained
+    assert np.all(grads[0].asnumpy()[3] == 0) and grads[1].asnumpy()[3] == 0   # the dead channel is not trained
+    assert grads[1].asnumpy()[5] != 0                                          # the bias-only one is
     big = ms.grad(lambda v: (round16(v) * 1e6).sum())(ms.Tensor(np.ones(3, np.float32)))
     np.testing.assert_array_equal(big.asnumpy(), np.full(3, 1e6, np.float32))

@@ -120,10 +120,12 @@ class FakeQuantOp(nn.Cell):
         self.bias = Parameter(Tensor((bias / self.b_unit).astype(np.float32)), name="bias")
         self.w_scale = Tensor(self.w_unit.reshape(self.w_shape).astype(np.float32))
         self.b_scale = Tensor(self.b_unit.astype(np.float32))
-        # dead output channels (a weight step below DEAD_STEP: all but zero weights, as a pruned or channel-scaled
-        # network has): trained as exact zeros with a step of 1, which computes what the device does (their
-        # output rounds to float16 zero either way) and keeps 1 / step out of the gradient, where it overflows
-        step = np.abs(np.asarray(weight, np.float64)).max(axis=self.reduce) / 127.0
+        # dead output channels (the scheme's weight step below DEAD_STEP: all but zero weights and bias, as a pruned
+        # or channel-scaled network has): trained as exact zeros with a step of 1, which computes what the device
+        # does (their output rounds to float16 zero either way) and keeps 1 / step out of the gradient, where it
+        # overflows
+        step = np.maximum(np.abs(np.asarray(weight, np.float64)).max(axis=self.reduce) / 127.0,
+                          np.abs(np.asarray(bias, np.float64)) / (q.scale_d * scheme.BIAS_LIMIT))
         self.dead = Tensor(step < DEAD_STEP)
         self.in_shape = in_channel_shape(q, weight, attrs)           # a scale of the input channels, likewise
         if q.op == "Conv2D":
@@ -219,7 +221,7 @@ def _batch_axis(graph: Graph, node, axis: int) -> int | None:
     if "axes" in a and "keepdims" in a:   # a reduction
         axes = [k % rank_in for k in a["axes"]]
         return None if axis in axes else axis - (0 if a["keepdims"] else sum(1 for k in axes if k < axis))
-    return axis + rank_out - rank_in if rank_out >= rank_in else (axis if rank_out == rank_in else None)
+    return axis + rank_out - rank_in if rank_out >= rank_in else None   # elementwise: broadcast from the right
 
 
 def batch_free(graph: Graph) -> Graph:
@@ -236,12 +238,13 @@ def batch_free(graph: Graph) -> Graph:
     axis_of = {graph.inputs[0]: 0}   # tensor -> its batch axis, for the tensors computed from the input
     for node in graph.nodes:
         a = node.attrs
-        axis = next((axis_of[i] for i in node.inputs if i in axis_of), None)
-        if axis is not None and node.inputs[0] not in axis_of:   # the batch comes in on a later input
-            axis = axis + len(graph.shape(node.outputs[0])) - len(graph.shape(next(i for i in node.inputs
-                                                                                     if i in axis_of)))
-        elif axis is not None:
-            axis = _batch_axis(graph, node, axis_of[node.inputs[0]])
+        carrier = next((i for i in node.inputs if i in axis_of), None)
+        if carrier is None:
+            axis = None
+        elif carrier == node.inputs[0]:
+            axis = _batch_axis(graph, node, axis_of[carrier])
+        else:   # the batch comes in on a later input of an elementwise op
+            axis = axis_of[carrier] + len(graph.shape(node.outputs[0])) - len(graph.shape(carrier))
         shape = a.get("shape")
         if axis is not None and node.op in _SHAPED and shape and -1 not in shape and shape[axis] % n == 0:
             node = copy.deepcopy(node)
@@ -254,7 +257,7 @@ def batch_free(graph: Graph) -> Graph:
                 node = copy.deepcopy(node)
                 for k in whole:
                     node.attrs["ends"][k] = 2 ** 62   # to the end (_slice_ms writes it open)
-        if axis is not None and 0 <= axis:
+        if axis is not None and axis >= 0:
             axis_of.update((o, axis) for o in node.outputs)
         g.nodes.append(node)
     return g
