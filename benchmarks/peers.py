@@ -189,15 +189,16 @@ def write_project(name: str, m: Model, folder: Path, sets, calib: int | None, ev
                   seed: int = 0) -> Path:
     """The model's quantflow project in ``folder``: model.onnx, calib/ and eval/ (seeded per model and by
     ``seed``, calibration and held-out images from different seeds) and quantflow.toml."""
-    from benchmarks.synth import write_images
+    from benchmarks.synth import held_out, write_images
 
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(model_file(m), folder / "model.onnx")
     base = zlib.crc32(name.encode()) + 2 * seed
     c, h, w = m.shape
-    for sub, count, s in (("calib", calib or m.calib, base), ("eval", evals or m.evals, base + 1)):
+    for sub, kind, count, s in (("calib", m.kind, calib or m.calib, base),
+                                ("eval", held_out(m.kind), evals or m.evals, base + 1)):
         shutil.rmtree(folder / sub, ignore_errors=True)
-        write_images(folder / sub, m.kind, h, w, count, s, gray=c == 1)
+        write_images(folder / sub, kind, h, w, count, s, gray=c == 1)
     toml = folder / "quantflow.toml"
     toml.write_text(project_toml(name, m, sets, calib))
     return toml

