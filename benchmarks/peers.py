@@ -49,7 +49,7 @@ import tempfile
 import time
 import tomllib
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -369,9 +369,9 @@ def nncf_quantize(model: Path, calibration: list[np.ndarray], out: Path, ignored
 
 
 def evaluate(name: str, workdir: Path, sets, calib: int | None, evals: int | None, preset: str | None = None,
-             seed: int = 0, log=print) -> dict:
-    m = MODELS[name]
-    folder = workdir / (name if not seed else f"{name}-seed{seed}")
+             seed: int = 0, log=print, kind: str | None = None) -> dict:
+    m = MODELS[name] if kind is None else replace(MODELS[name], kind=kind)
+    folder = workdir / "-".join([name, *([kind] if kind else []), *([f"seed{seed}"] if seed else [])])
     t0 = time.perf_counter()
     toml = write_project(name, m, folder, sets, calib, evals, seed)
     build(toml, folder / "build.log")
@@ -396,7 +396,7 @@ def evaluate(name: str, workdir: Path, sets, calib: int | None, evals: int | Non
     float16 = qf.device_float16_nodes()
     ignored = onnx_node_names(folder / "model.onnx", src, float16)
     row = {"model": name, "wheel": m.wheel, "shape": list(m.shape), "calibration_images": len(cal),
-           "held_out_images": len(paths), "opset": opset, "nncf_preset": preset or "default (performance)", "seed": seed,
+           "held_out_images": len(paths), "opset": opset, "nncf_preset": preset or "default (performance)", "seed": seed, "images": m.kind,
            "input": "AIPP float16 frame",
            "quantflow_set": {f"{s}.{k}": v for s, k, v in sets},
            "quantflow_int8_ops": len(qf.qparams.ops), "device_float16": float16, "nncf_ignored": ignored,
@@ -427,7 +427,9 @@ def format_table(rows: list[dict]) -> str:
             peer = r.get("nncf_cann_float16", {}).get(out)
             like = peer or r["nncf"][out]
             lead = "quantflow" if f["sqnr_db"] > like["sqnr_db"] else "NNCF"
-            lines.append(f"| {r['model']} | {out} | {r['calibration_images']} / {r['held_out_images']} | "
+            model = r["model"] + (f" ({r['images']})" if r.get("images", MODELS[r["model"]].kind)
+                                   != MODELS[r["model"]].kind else "")
+            lines.append(f"| {model} | {out} | {r['calibration_images']} / {r['held_out_images']} | "
                          f"{_cell(f)} ({len(r['device_float16'])}) | {_cell(r['nncf'][out])} | {_cell(peer)} | "
                          f"{lead} ({f['sqnr_db'] - like['sqnr_db']:+.1f} dB) |")
     lines += ["", "cosine / SQNR / mean |INT8 - FP32| / max |FP32| (/ top-1 agreement with FP32) of each INT8 against "
@@ -437,6 +439,8 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
+    from benchmarks.synth import KINDS
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -448,6 +452,8 @@ def main(argv=None) -> int:
                     help="NNCF's quantization preset (default: NNCF's own, performance: symmetric activations)")
     ap.add_argument("--seed", type=int, default=0, help="another draw of every model's images (0: the measured "
                                                            "one), to see how the figures move with the sample")
+    ap.add_argument("--kind", default=None, choices=KINDS, help="draw the images as this benchmarks.synth kind instead of each "
+                                                  "model's own (e.g. faces for yolov8n_nudenet)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the projects and models here (default: a "
                                                               "temporary folder)")
     ap.add_argument("--out", type=Path, default=Path("peers.md"), help="the markdown table")
@@ -462,7 +468,7 @@ def main(argv=None) -> int:
         workdir = (a.workdir or Path(tmp)).resolve()
         for name in filter(None, a.models.split(",")):
             rows.append(evaluate(name, workdir, sets, a.calib, a.eval, a.nncf_preset, a.seed,
-                                 log=lambda s: print(s, flush=True)))
+                                 log=lambda s: print(s, flush=True), kind=a.kind))
             print(*format_table(rows[-1:]).split("\n\n")[0].splitlines()[2:], sep="\n", flush=True)
             a.json.write_text(json.dumps(rows, indent=1))
     table = format_table(rows)

@@ -182,3 +182,12 @@ def test_parts_are_measured_on_their_elements_alone():
     assert set(got) == {"out", "out boxes", "out scores"}
     assert got["out scores"] == peers.output_figures(fp["out"][:, 4:6], q["out"][:, 4:6])
     assert got["out boxes"] == peers.output_figures(fp["out"][:, :4], q["out"][:, :4])
+
+
+def test_the_table_names_images_drawn_as_another_kind():
+    fig = {"cosine": 0.99, "sqnr_db": 20.0, "rel_mean_abs": 0.01}
+    row = {"model": "yolov8n_nudenet", "calibration_images": 2, "held_out_images": 2, "device_float16": [],
+           "quantflow": {"o": fig}, "nncf": {"o": {**fig, "sqnr_db": 18.0}}}
+    own, faces = peers.format_table([{**row, "images": "shapes"}, {**row, "images": "faces"}]).splitlines()[2:4]
+    assert own.startswith("| yolov8n_nudenet | o |") and faces.startswith("| yolov8n_nudenet (faces) | o |")
+    assert faces.endswith("| quantflow (+2.0 dB) |")
