@@ -3,13 +3,17 @@ device's arithmetic (``quantflow.quantization.qat``, ``quantflow.quantization.re
 as calibration's output: the learned weights (and ranges) quantized by the scheme into ``qparams``, which the
 per-layer analysis, the fallback, the deploy graphs and the gate take from here (``inputs.parameters_dir``).
 
-It starts from the parameters of the last parameter stage before it (``inputs.PARAMETER_STAGES``).  Its record
-``retrain.json``: the settings, the loss of every step, the time, where MindSpore trained, and the distillation
-loss of the INT8 network on the images it learned from (the calibration images and their ``retrain.variants``) as
-the emulator computes it before (``emulated_loss.before``), at the equalized start of ``learn_scales`` with
-``scales_init = "equalize"`` (``initial_scales``: the pairs rescaled, the chains left alone, its emulated loss) and
-with the retrained parameters (``.retrained``); the parameters of the least of them are kept (``kept``:
-"retrained", "equalized" or "started from").
+It starts from the parameters of the last parameter stage before it (``inputs.PARAMETER_STAGES``).  In
+``distill`` mode ``retrain.validation`` of the calibration images are held out of the training (the rest and their
+``retrain.variants`` are learned from); in ``labels`` mode the user's batches are learned from and every
+calibration image is a validation image.  Its record ``retrain.json``: the settings, the loss of every step, the
+time, where MindSpore trained, the images (``images``, ``validation_images``, ``variants``), and the distillation
+loss of the INT8 network on the validation images (on the images learned from where ``validation`` is 0) as the
+emulator computes it before (``emulated_loss.before``), at the equalized start of ``learn_scales`` with
+``scales_init = "equalize"`` (``initial_scales``: the pairs rescaled, the chains left alone, its emulated loss),
+at each of ``retrain.checkpoints`` (``checkpoints``: step and loss) and at the best of them (``.retrained``,
+``retrained_step``); the parameters of the least of these are kept (``kept``: "retrained", "equalized" or
+"started from").
 ``retrained.ckpt``: the learned float weights and biases of the INT8 ops (BatchNorm folded: ``<node>.weight`` /
 ``<node>.bias``) and the ranges (``<tensor>.range``), as a MindSpore checkpoint; ``network/``: the fake-quant
 network's generated source.
@@ -50,7 +54,7 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
     from quantflow.quantization.passes import fold_for_quantization
     from quantflow.quantization.qat import QAT_NET_PY, FakeQuantNet
     from quantflow.quantization.retraining import (emulated_loss, equalized_start, train_distill, train_labels,
-                                                   variants)
+                                                   validation_split, variants)
 
     r, kdir = cfg.retrain, Path(kdir)
     start = QuantParams.load(params_dir)
@@ -59,16 +63,26 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
     graph = start.apply(folded)
     batches = list(image_batches(cfg, calibration_paths, cfg.calibration.batch_size))
     calibration = np.concatenate(batches)
-    images = variants(calibration, r.variants, r.seed) if r.mode == "distill" else calibration
+    if r.mode == "distill":
+        try:
+            held, learn = validation_split(len(calibration), r.validation, r.seed)
+        except ValueError as err:
+            raise ConfigError(f"retrain.validation = {r.validation}: {err}") from None
+        images = variants(calibration[learn], r.variants, r.seed)
+        judged = calibration[held] if len(held) else images
+    else:
+        images = judged = calibration
+    validated = judged is not images or r.mode == "labels"   # judged on images it does not learn from
     loss = _loss(cfg, graph, images)
-    before = emulated_loss(graph, start, images, loss)
+    judge = loss if judged is images else _loss(cfg, graph, judged)
+    before = emulated_loss(graph, start, judged, judge)
     qp, initial = start, None
     if r.learn_scales and r.scales_init == "equalize":
         qp, eq = equalized_start(folded, start, [np.asarray(b) for b in batches],
                                  recalibrator(cfg, folded, calibration_paths))
         graph = qp.apply(folded)   # the same function as before, up to float rounding (equalization is exact)
         initial = {"pairs": eq["pairs"], "left_alone": eq["left_alone"],
-                   "emulated_loss": emulated_loss(graph, qp, images, loss)}
+                   "emulated_loss": emulated_loss(graph, qp, judged, judge)}
         print(f"channel scales start at cross-layer equalization's: {len(eq['pairs'])} pair(s) rescaled, INT8 "
               f"(emulated) loss {before:.4g} -> {initial['emulated_loss']:.4g}")
     mode = ms.get_context("mode")
@@ -84,22 +98,32 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
         learned = (["weights"] + ["ranges"] * r.learn_ranges
                    + [f"channel scales of {len(net.pairs)} pair(s)"] * r.learn_scales)
         print(f"retraining {len(qp.ops)} INT8 ops ({r.mode}, {r.steps} steps, lr {r.lr}, {', '.join(learned)}"
-              f"{'' if r.learn_ranges else '; ranges frozen'}) on {r.device_target}")
+              f"{'' if r.learn_ranges else '; ranges frozen'}) on {r.device_target}"
+              + (f"; measured on {len(judged)} validation images at {r.checkpoints} checkpoint(s)"
+                 if validated else ""))
+        checkpoints, best = [], {}
+
+        def measure(step: int) -> None:
+            values = net.learned()
+            # the learned float weights become the parameters' own (a layer the fallback rolls back later runs
+            # them, and a rescaled pair stays matched)
+            params = replace(net.requantized(), float_weights={
+                **qp.float_weights, **{n: {"weight": v["weight"], "bias": v["bias"]} for n, v in values.items()}})
+            value = emulated_loss(graph, params, judged, judge)
+            checkpoints.append({"step": step, "emulated_loss": value})
+            if not best or value < best["loss"] or not np.isfinite(best["loss"]):
+                best.update(loss=value, step=step, params=params, values=values)
         try:
             if r.mode == "distill":
-                run = train_distill(net, images, loss, r.steps, r.lr, r.batch_size, r.seed, scales_lr=r.scales_lr)
+                run = train_distill(net, images, loss, r.steps, r.lr, r.batch_size, r.seed, scales_lr=r.scales_lr,
+                                    checkpoints=r.checkpoints, on_checkpoint=measure)
             else:
                 run = train_labels(net, load_entry(r.entry, "retrain.entry")(cfg, net.cell), r.steps, r.lr,
-                                   scales_lr=r.scales_lr)
+                                   scales_lr=r.scales_lr, checkpoints=r.checkpoints, on_checkpoint=measure)
         except (RuntimeError, TypeError, ValueError) as err:  # MindSpore's own errors are plain ones
             raise QuantflowError(f"retrain: training the fake-quant network {kdir / 'network' / QAT_NET_PY} failed"
                                  f"{' in retrain.entry ' + r.entry if r.entry else ''}: "
                                  f"{(str(err).strip().splitlines() or [type(err).__name__])[0]}") from None
-        learned_values = net.learned()
-        # the learned float weights become the parameters' own (a layer the fallback rolls back later runs them, and
-        # a rescaled pair stays matched)
-        retrained = replace(net.requantized(), float_weights={
-            **qp.float_weights, **{n: {"weight": v["weight"], "bias": v["bias"]} for n, v in learned_values.items()}})
         pairs = [{"pair": p.describe(), "tensor": p.tensor, "scales": [float(s.min()), float(s.max())]}
                  for p, s in zip(net.pairs, net.channel_scales().values())]
     finally:
@@ -107,7 +131,7 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
     if not np.all(np.isfinite(run["losses"])):
         raise QuantflowError(f"retrain: the loss is not finite after {len(run['losses'])} steps (retrain.lr = {r.lr} "
                              f"too large?)")
-    after = emulated_loss(graph, retrained, images, loss)
+    retrained, learned_values, after = best["params"], best["values"], best["loss"]
     # the least emulated loss of what it started from, the equalized start (when there is one) and the retrained
     candidates = {"started from": (before, start), "retrained": (after, retrained)}
     if initial is not None:
@@ -119,9 +143,12 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
               "learn_ranges": r.learn_ranges, "learn_scales": r.learn_scales, "scales_init": r.scales_init,
               "scales_lr": r.scales_lr, "initial_scales": initial, "scaled_pairs": pairs,
               "device_target": r.device_target, "machine": platform.machine(),
-              "images": int(len(calibration)), "variants": int(len(images) - len(calibration)),
+              "images": int(len(calibration)), "validation": r.validation,
+              "validation_images": int(len(judged)) if validated else 0,
+              "variants": int(len(images) - len(calibration) + (len(judged) if judged is not images else 0)),
               "int8_ops": len(qp.ops), "losses": run["losses"],
               "seconds": round(run["seconds"], 3), "emulated_loss": {"before": before, "retrained": after},
+              "checkpoints": checkpoints, "retrained_step": best["step"],
               "kept": kept, "terms": [t[3] for t in loss.terms]}
     write_json(kdir / RETRAIN_JSON, record)
     return record
@@ -150,12 +177,19 @@ def _run(b) -> None:
     rec = retrain_stage(b.cfg, kdir, parameters_dir(b, before=NAME), b.dir("graph"), b.calibration_paths())
     e, losses = rec["emulated_loss"], rec["losses"]
     print(f"retrained in {rec['seconds']:.1f} s on {rec['device_target']}: training loss {losses[0]:.4g} -> "
-          f"{losses[-1]:.4g}; INT8 (emulated) on {rec['images']} calibration images"
-          + (f" and {rec['variants']} variants" if rec.get("variants") else "") + f" {e['before']:.4g} -> "
+          f"{losses[-1]:.4g}; INT8 (emulated) on {judged_images(rec)} {e['before']:.4g} -> "
           + (f"{rec['initial_scales']['emulated_loss']:.4g} (equalized start) -> " if rec["initial_scales"] else "")
-          + f"{e['retrained']:.4g}" + {"retrained": "", "equalized": " -- no better: the equalized start is kept"}.get(
+          + f"{e['retrained']:.4g} (step {rec['retrained_step']} of {rec['steps']})"
+          + {"retrained": "", "equalized": " -- no better: the equalized start is kept"}.get(
               rec["kept"], " -- no better: the parameters it started from are kept") +
           f" -> {kdir / QPARAMS_JSON}")
+
+
+def judged_images(rec: dict) -> str:
+    """The images retrain.json's emulated losses are measured on, in words."""
+    if rec.get("validation_images"):
+        return f"{rec['validation_images']} validation images"
+    return f"{rec['images']} calibration images" + (f" and {rec['variants']} variants" if rec.get("variants") else "")
 
 
 def _key_inputs(b) -> dict:

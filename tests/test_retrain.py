@@ -59,8 +59,11 @@ def relative_error(cfg, graph_dir, qparams_dir, paths, variants: int = 0) -> flo
 
 
 def run_retrain(cfg, calibrated, out, **settings):
+    """The stage with ``settings``; ``validation`` 0 unless given, so that its losses are on the images it learns
+    from (the tests of the validation images give it)."""
     from tasks.retrain import retrain_stage
 
+    settings.setdefault("validation", 0.0)
     graph_dir, calibrate_dir, paths = calibrated
     cfg = cfg.model_copy(update={"retrain": RetrainSection(**settings)})
     out.mkdir()
@@ -155,6 +158,46 @@ def test_learned_channel_scales_start_at_equalization_and_the_least_loss_is_kept
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
 
 
+def test_validation_images_are_held_out_and_judge_what_is_kept_at_the_best_checkpoint(clipped_cfg, calibrated,
+                                                                                      tmp_path):
+    from quantflow.quantization.retraining import validation_split
+
+    graph_dir, calibrate_dir, paths = calibrated
+    out = tmp_path / "retrain"
+    cfg, record = run_retrain(clipped_cfg, calibrated, out, steps=6, lr=1e-3, batch_size=16, validation=0.25,
+                              checkpoints=3, variants=1)
+    held, learned = validation_split(len(paths), 0.25, cfg.retrain.seed)
+    assert record["validation_images"] == len(held) == 16 and record["variants"] == len(learned) == 48
+    # measured after steps 2, 4 and 6; the retrained loss is the best of them, and the parameters kept give, on the
+    # held-out images alone, the loss recorded for them
+    checks = record["checkpoints"]
+    assert [c["step"] for c in checks] == [2, 4, 6]
+    best = min(checks, key=lambda c: c["emulated_loss"])
+    assert (record["retrained_step"], record["emulated_loss"]["retrained"]) == (best["step"], best["emulated_loss"])
+    validation = [paths[i] for i in held]
+    assert record["emulated_loss"]["before"] == pytest.approx(relative_error(cfg, graph_dir, calibrate_dir,
+                                                                             validation), rel=1e-6)
+    e = record["emulated_loss"]
+    assert relative_error(cfg, graph_dir, out, validation) == pytest.approx(
+        e["retrained"] if record["kept"] == "retrained" else e["before"], rel=1e-6)
+
+
+def test_the_validation_split_is_seeded_disjoint_and_leaves_images_to_learn_from():
+    from quantflow.quantization.retraining import checkpoint_steps, validation_split
+
+    held, learned = validation_split(10, 0.2, 3)
+    assert len(held) == 2 and len(learned) == 8 and sorted({*held, *learned}) == list(range(10))
+    assert [a.tolist() for a in validation_split(10, 0.2, 3)] == [held.tolist(), learned.tolist()]
+    assert validation_split(10, 0.2, 4)[0].tolist() != held.tolist() or validation_split(10, 0.2, 5)[0].tolist() \
+        != held.tolist()
+    assert len(validation_split(3, 0.01, 0)[0]) == 1     # a fraction above 0 holds out one image at least
+    assert len(validation_split(3, 0.0, 0)[0]) == 0
+    with pytest.raises(ValueError, match="holds out 1 of the 1 calibration images"):
+        validation_split(1, 0.2, 0)
+    assert checkpoint_steps(200, 5) == [40, 80, 120, 160, 200] and checkpoint_steps(3, 5) == [1, 2, 3]
+    assert checkpoint_steps(7, 1) == [7]
+
+
 def test_variants_are_shifted_and_contrast_scaled_copies():
     from quantflow.quantization.retraining import variants
 
@@ -203,6 +246,7 @@ def test_the_labelled_mode_trains_on_the_users_loss(clipped_cfg, calibrated, tmp
     _, record = run_retrain(clipped_cfg, calibrated, out, mode="labels", entry="test_retrain:labels_loss", steps=6,
                             lr=1e-3)
     assert record["mode"] == "labels" and len(record["losses"]) == 6 and np.all(np.isfinite(record["losses"]))
+    assert record["validation_images"] == len(paths)   # it learns from the user's batches, none of these
     # the parameters kept are the retrained ones where they lower the emulated error, else the calibrated ones
     e, kept = record["emulated_loss"], relative_error(clipped_cfg, graph_dir, out, paths)
     assert kept == pytest.approx(e["retrained"] if record["kept"] == "retrained" else e["before"], rel=1e-6)
@@ -252,6 +296,11 @@ def test_the_report_shows_the_loss_curve():
     record.update(kept="equalized", initial_scales={"pairs": [{}, {}], "left_alone": [], "emulated_loss": 1.1})
     text = Report(render("t", gate_report(), None, {}, None, record)).text("retrain")
     assert "the equalized parameters are used" in text and "equalization's (2 pair(s) rescaled; INT8 loss 1.1)" in text
+    # judged on validation images, at checkpoints
+    record.update(kept="retrained", validation_images=13, retrained_step=2,
+                  checkpoints=[{"step": 2, "emulated_loss": 1.2}, {"step": 3, "emulated_loss": 1.4}])
+    text = Report(render("t", gate_report(), None, {}, None, record)).text("retrain")
+    assert "on 13 validation images" in text and "1.2 retrained (step 2; at the checkpoints: 1.2 at 2, 1.4 at 3)" in text
 
 
 def failing_loss(cfg, network):

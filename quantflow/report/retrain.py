@@ -15,7 +15,7 @@ def loss_curve(losses: list[float], before: float, retrained: float, initial: fl
     plt, (fig, ax) = _figure(6, 2.6)
     steps = np.arange(1, len(losses) + 1)
     ax.plot(steps, losses, linewidth=0.8, label="training loss (fake-quant network, one batch)")
-    ax.axhline(before, color="red", linestyle="--", label="INT8 (emulated), calibration images: before")
+    ax.axhline(before, color="red", linestyle="--", label="INT8 (emulated): before")
     if initial is not None:
         ax.axhline(initial, color="orange", linestyle=":", label="at the equalized start")
     ax.axhline(retrained, color="green", linestyle="--", label="after")
@@ -40,8 +40,14 @@ def section(record: dict) -> str:
     equalized = (f" The channel scales started at cross-layer equalization's ({len(init['pairs'])} pair(s) "
                  f"rescaled; INT8 loss {start:.4g})." if init else "")
     what = "weights and activation ranges" if record["learn_ranges"] else "weights (activation ranges frozen)"
+    n_val = record.get("validation_images", 0)
+    on = (f"{n_val} validation images (calibration images it did not learn from)" if n_val
+          else f"{record['images']} calibration images")
+    steps = record.get("checkpoints") or []
+    at = (f" (step {record['retrained_step']}; at the checkpoints: "
+          + ", ".join(f"{c['emulated_loss']:.4g} at {c['step']}" for c in steps) + ")") if len(steps) > 1 else ""
     return (f'<section id="retrain"><h2>Retraining ({html.escape(record["mode"])})</h2>'
             f"<p>{record['steps']} steps of {record['int8_ops']} INT8 ops' {what}, lr {record['lr']}, on "
             f"{html.escape(record['device_target'])} in {record['seconds']:.1f} s. INT8 loss (emulated) on "
-            f"{record['images']} calibration images: {e['before']:.4g} before, {e['retrained']:.4g} retrained; "
+            f"{on}: {e['before']:.4g} before, {e['retrained']:.4g} retrained{at}; "
             f"{kept}.{equalized}</p><img src=\"data:image/png;base64,{png}\" alt=\"retraining loss\"></section>")
