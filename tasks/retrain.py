@@ -105,10 +105,9 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
 
         def measure(step: int) -> None:
             values = net.learned()
-            # the learned float weights become the parameters' own (a layer the fallback rolls back later runs
-            # them, and a rescaled pair stays matched)
-            params = replace(net.requantized(), float_weights={
-                **qp.float_weights, **{n: {"weight": v["weight"], "bias": v["bias"]} for n, v in values.items()}})
+            # the float network: FP32's weights with the learned channel scales (a layer the fallback rolls back
+            # later computes what FP32 does, and a rescaled pair stays matched)
+            params = replace(net.requantized(), float_weights={**qp.float_weights, **net.float_weights()})
             value = emulated_loss(graph, params, judged, judge)
             checkpoints.append({"step": step, "emulated_loss": value})
             if not best or value < best["loss"] or not np.isfinite(best["loss"]):

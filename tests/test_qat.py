@@ -303,3 +303,52 @@ def test_the_batch_is_followed_through_transposes_and_dead_channels_train_as_zer
     assert grads[1].asnumpy()[5] != 0                                          # the bias-only one is
     big = ms.grad(lambda v: (round16(v) * 1e6).sum())(ms.Tensor(np.ones(3, np.float32)))
     np.testing.assert_array_equal(big.asnumpy(), np.full(3, 1e6, np.float32))
+
+
+def test_the_float_network_after_training_is_fp32s_with_the_learned_channel_scales(tmp_path):
+    """FakeQuantNet.float_weights: what a layer rolled back after retraining runs.  Through scale-equivariant pairs
+    (ReLU, PReLU) and outside any pair it is the FP32 weights with the learned scales, so the float network computes
+    what FP32 does however far training moved the weights; both ends of a ReLU6 pair keep their trained weights."""
+    import mindspore as ms
+    from dataclasses import replace
+
+    from test_recovery import chain_net, images
+
+    from quantflow.engine.runner import float_runner
+    from quantflow.quantization.qat import FakeQuantNet
+
+    g, calib = chain_net(), images(2)
+    rng = np.random.default_rng(1)
+
+    def trained(skip):
+        qp = calibrate(g, calib, "minmax", skip=skip, rollback_small_channels=False)
+        net = FakeQuantNet(g, qp, tmp_path / "-".join(skip), learn_scales=True)
+        for u in net.scale_parameters():
+            u.set_data(ms.Tensor(rng.normal(0, 0.7, u.shape).astype(np.float32)))
+        for f in net.cell.fq:   # as if trained: every weight a few grid steps away
+            w = f.weight.asnumpy()
+            f.weight.set_data(ms.Tensor((w + rng.normal(0, 3, w.shape)).astype(np.float32)))
+        return qp, net
+
+    # c3 -> PReLU -> c4 the only pair (c2 is float): the float network is FP32's, the trained one is not
+    qp, net = trained(["c0", "c1", "c2"])
+    assert [p.describe() for p in net.pairs] == ["Default/c3 -> PReLU -> Default/c4"]
+    x = np.concatenate(images(3))
+    ref = float_runner(g).run(x)["out"]
+    fw = net.float_weights()
+    got = float_runner(replace(qp, float_weights=fw).apply(g)).run(x)["out"]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    np.testing.assert_array_equal(fw["c5"]["weight"], g.initializers["c5.w"])
+    learned = {n: {k: v[k] for k in ("weight", "bias")} for n, v in net.learned().items()}
+    moved = float_runner(replace(qp, float_weights=learned).apply(g)).run(x)["out"]
+    assert np.abs(moved - ref).max() > 100 * np.abs(got - ref).max()
+
+    # c1 -> ReLU6 -> c2 rescaled too: both keep their trained weights; c3 and c4 are FP32's, rescaled
+    qp, net = trained(["c0"])
+    assert "Default/c1 -> ReLU6 -> Default/c2" in [p.describe() for p in net.pairs]
+    fw, learned = net.float_weights(), net.learned()
+    for n in ("c1", "c2"):
+        np.testing.assert_array_equal(fw[n]["weight"], learned[n]["weight"])
+        np.testing.assert_array_equal(fw[n]["bias"], learned[n]["bias"])
+    s = net.channel_scales()[next(p.tensor for p in net.pairs if p.l2.name == "c4")]
+    np.testing.assert_allclose(fw["c4"]["weight"], g.initializers["c4.w"] / s[None, :, None, None], rtol=1e-6)

@@ -388,24 +388,58 @@ class FakeQuantNet:
         """The tensor between each rescaled pair -> its learned channel scales s = exp(u)."""
         return {p.tensor: np.exp(u.asnumpy().astype(np.float64)) for p, u in zip(self.pairs, self.scale_parameters())}
 
+    def _rescaled(self, q, f, weight: np.ndarray, bias, scales: list):
+        """``weight`` / ``bias`` (float64; bias may be None) of INT8 op ``q`` (``FakeQuantOp`` ``f``) with the
+        learned channel scales of the pairs it is in applied, as ``FakeQuantOp`` applies them."""
+        for p, s in zip(self.pairs, scales):
+            if p.l1.name == q.node:
+                weight, bias = weight * s.reshape(f.w_shape), None if bias is None else bias * s
+            if p.l2.name == q.node:
+                weight = weight / s.reshape(f.in_shape)
+        return weight, bias
+
     def learned(self) -> dict[str, dict[str, np.ndarray]]:
         """node -> {"weight", "bias"} (float32) of every INT8 op, its channels rescaled where it is in a rescaled
         pair (as ``FakeQuantOp`` computes them), and per quantized tensor its ``range``."""
         out, scales = {}, list(self.channel_scales().values())
         for q, f in zip(self.qparams.ops, self.cell.fq):
-            weight = f.weight.asnumpy().astype(np.float64) * f.w_unit.reshape(f.w_shape)
-            bias = f.bias.asnumpy().astype(np.float64) * f.b_unit
-            for p, s in zip(self.pairs, scales):
-                if p.l1.name == q.node:
-                    weight, bias = weight * s.reshape(f.w_shape), bias * s
-                if p.l2.name == q.node:
-                    weight = weight / s.reshape(f.in_shape)
+            weight, bias = self._rescaled(q, f, f.weight.asnumpy().astype(np.float64) * f.w_unit.reshape(f.w_shape),
+                                          f.bias.asnumpy().astype(np.float64) * f.b_unit, scales)
             out[q.node] = {"weight": weight.astype(np.float32), "bias": bias.astype(np.float32)}
         for t, tensor in enumerate(self.tensors):
             lo, hi = (float(getattr(self.cell, f"{k}{t}").asnumpy()) for k in ("lo", "hi"))
             for q in self.qparams.ops:
                 if q.input == tensor:
                     out[q.node]["range"] = np.array([lo, hi], np.float64)
+        return out
+
+    def float_weights(self) -> dict[str, dict[str, np.ndarray]]:
+        """node -> {"weight"(, "bias")} (float32) of the INT8 ops for the float network after the training: the
+        weights ``graph`` has (not the trained ones) with the learned channel scales applied, which compute what
+        FP32 computes where the pair's activation is scale-equivariant (``recovery.equalize.EQUIVARIANT``, or
+        none); both ends of a pair across any other activation (a ReLU6, whose clip the training absorbs) keep
+        their trained weights.  A layer the fallback rolls back after retraining runs these, and the per-layer
+        analysis takes its FP32 references from them: trained weights were learned to be right after INT8
+        rounding, not in float."""
+        from .recovery.equalize import EQUIVARIANT
+
+        nodes, scales, learned = {n.name: n for n in self.graph.nodes}, list(self.channel_scales().values()), None
+        inexact = {n for p in self.pairs if p.act is not None and p.act.op not in EQUIVARIANT
+                   for n in (p.l1.name, p.l2.name)}
+        out = {}
+        for q, f in zip(self.qparams.ops, self.cell.fq):
+            if q.node in inexact:
+                learned = learned or self.learned()
+                out[q.node] = {k: learned[q.node][k] for k in ("weight", "bias")}
+                continue
+            inputs = nodes[q.node].inputs
+            weight = self.graph.initializers[inputs[1]].astype(np.float64)
+            bias = (self.graph.initializers[inputs[2]].astype(np.float64)
+                    if len(inputs) > 2 and inputs[2] in self.graph.initializers else None)
+            weight, bias = self._rescaled(q, f, weight, bias, scales)
+            out[q.node] = {"weight": weight.astype(np.float32)}
+            if bias is not None:
+                out[q.node]["bias"] = bias.astype(np.float32)
         return out
 
     def requantized(self) -> QuantParams:
