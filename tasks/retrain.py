@@ -12,8 +12,9 @@ loss of the INT8 network on the validation images (on the images learned from wh
 emulator computes it before (``emulated_loss.before``), at the equalized start of ``learn_scales`` with
 ``scales_init = "equalize"`` (``initial_scales``: the pairs rescaled, the chains left alone, its emulated loss),
 at each of ``retrain.checkpoints`` (``checkpoints``: step and loss) and at the best of them (``.retrained``,
-``retrained_step``); the parameters of the least of these are kept (``kept``: "retrained", "equalized" or
-"started from").
+``retrained_step``).  What it started from is kept unless the equalized start, and then the retrained parameters,
+lower the loss beyond the sampling spread of the judged images (``choose``: a paired bootstrap, as the gate's
+intervals; ``gains``); ``kept``: "retrained", "equalized" or "started from".
 ``retrained.ckpt``: the learned float weights and biases of the INT8 ops (BatchNorm folded: ``<node>.weight`` /
 ``<node>.bias``) and the ranges (``<tensor>.range``), as a MindSpore checkpoint; ``network/``: the fake-quant
 network's generated source.
@@ -53,7 +54,7 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
     from quantflow.entry import load_entry
     from quantflow.quantization.passes import fold_for_quantization
     from quantflow.quantization.qat import QAT_NET_PY, FakeQuantNet
-    from quantflow.quantization.retraining import (emulated_loss, equalized_start, train_distill, train_labels,
+    from quantflow.quantization.retraining import (emulated_losses, equalized_start, train_distill, train_labels,
                                                    validation_split, variants)
 
     r, kdir = cfg.retrain, Path(kdir)
@@ -75,16 +76,16 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
     validated = judged is not images or r.mode == "labels"   # judged on images it does not learn from
     loss = _loss(cfg, graph, images)
     judge = loss if judged is images else _loss(cfg, graph, judged)
-    before = emulated_loss(graph, start, judged, judge)
-    qp, initial = start, None
+    before = emulated_losses(graph, start, judged, judge)
+    qp, initial, equalized = start, None, None
     if r.learn_scales and r.scales_init == "equalize":
         qp, eq = equalized_start(folded, start, [np.asarray(b) for b in batches],
                                  recalibrator(cfg, folded, calibration_paths))
         graph = qp.apply(folded)   # the same function as before, up to float rounding (equalization is exact)
-        initial = {"pairs": eq["pairs"], "left_alone": eq["left_alone"],
-                   "emulated_loss": emulated_loss(graph, qp, judged, judge)}
+        equalized = emulated_losses(graph, qp, judged, judge)
+        initial = {"pairs": eq["pairs"], "left_alone": eq["left_alone"], "emulated_loss": float(equalized.mean())}
         print(f"channel scales start at cross-layer equalization's: {len(eq['pairs'])} pair(s) rescaled, INT8 "
-              f"(emulated) loss {before:.4g} -> {initial['emulated_loss']:.4g}")
+              f"(emulated) loss {before.mean():.4g} -> {initial['emulated_loss']:.4g}")
     mode = ms.get_context("mode")
     try:
         try:
@@ -108,10 +109,11 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
             # the float network: FP32's weights with the learned channel scales (a layer the fallback rolls back
             # later computes what FP32 does, and a rescaled pair stays matched)
             params = replace(net.requantized(), float_weights={**qp.float_weights, **net.float_weights()})
-            value = emulated_loss(graph, params, judged, judge)
+            losses = emulated_losses(graph, params, judged, judge)
+            value = float(losses.mean())
             checkpoints.append({"step": step, "emulated_loss": value})
             if not best or value < best["loss"] or not np.isfinite(best["loss"]):
-                best.update(loss=value, step=step, params=params, values=values)
+                best.update(loss=value, losses=losses, step=step, params=params, values=values)
         try:
             if r.mode == "distill":
                 run = train_distill(net, images, loss, r.steps, r.lr, r.batch_size, r.seed, scales_lr=r.scales_lr,
@@ -131,12 +133,12 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
         raise QuantflowError(f"retrain: the loss is not finite after {len(run['losses'])} steps (retrain.lr = {r.lr} "
                              f"too large?)")
     retrained, learned_values, after = best["params"], best["values"], best["loss"]
-    # the least emulated loss of what it started from, the equalized start (when there is one) and the retrained
-    candidates = {"started from": (before, start), "retrained": (after, retrained)}
-    if initial is not None:
-        candidates["equalized"] = (initial["emulated_loss"], qp)
-    kept = min(candidates, key=lambda k: candidates[k][0])
-    candidates[kept][1].save(kdir)
+    # what it started from, unless the equalized start and then the retrained parameters are better on the judged
+    # images beyond their sampling spread
+    candidates = [("started from", before, start)] + ([("equalized", equalized, qp)] if initial else []) + [
+        ("retrained", best["losses"], retrained)]
+    kept, gains = choose(candidates, cfg.evaluation)
+    dict((k, p) for k, _, p in candidates)[kept].save(kdir)
     _save_checkpoint(kdir / RETRAINED_CKPT, learned_values, qp)
     record = {"mode": r.mode, "steps": r.steps, "lr": r.lr, "batch_size": r.batch_size, "seed": r.seed,
               "learn_ranges": r.learn_ranges, "learn_scales": r.learn_scales, "scales_init": r.scales_init,
@@ -146,11 +148,33 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
               "validation_images": int(len(judged)) if validated else 0,
               "variants": int(len(images) - len(calibration) + (len(judged) if judged is not images else 0)),
               "int8_ops": len(qp.ops), "losses": run["losses"],
-              "seconds": round(run["seconds"], 3), "emulated_loss": {"before": before, "retrained": after},
-              "checkpoints": checkpoints, "retrained_step": best["step"],
+              "seconds": round(run["seconds"], 3),
+              "emulated_loss": {"before": float(before.mean()), "retrained": after},
+              "checkpoints": checkpoints, "retrained_step": best["step"], "gains": gains,
               "kept": kept, "terms": [t[3] for t in loss.terms]}
     write_json(kdir / RETRAIN_JSON, record)
     return record
+
+
+def choose(candidates: list, ev) -> tuple[str, dict]:
+    """(the name kept, each later candidate's gain): ``candidates`` (name, per-image emulated losses on the judged
+    images, parameters) in order, the first kept unless a later one's mean loss is lower than the kept one's
+    beyond the sampling spread of those images: the paired bootstrap interval of the mean difference
+    (``evaluation.confidence``, ``.resamples``, ``.seed``, as the gate's figures) lies above zero.  A gain: the
+    mean loss lowered against the candidate kept before it, with its interval."""
+    from quantflow.evaluation.intervals import interval, mean_replicates, resampling
+
+    kept, losses = candidates[0][0], np.asarray(candidates[0][1], np.float64)
+    draws = resampling(np.zeros(len(losses)), ev.resamples, ev.seed, ev.confidence)
+    gains = {}
+    for name, other, _ in candidates[1:]:
+        diff = losses - np.asarray(other, np.float64)
+        low, high = interval(mean_replicates(draws, diff), ev.confidence)
+        gains[name] = {"against": kept, "gain": float(diff.mean()), "interval": [low, high],
+                       "kept": bool(low > 0)}
+        if low > 0:
+            kept, losses = name, np.asarray(other, np.float64)
+    return kept, gains
 
 
 def _save_checkpoint(path: Path, learned: dict, qp: QuantParams) -> None:
@@ -179,8 +203,10 @@ def _run(b) -> None:
           f"{losses[-1]:.4g}; INT8 (emulated) on {judged_images(rec)} {e['before']:.4g} -> "
           + (f"{rec['initial_scales']['emulated_loss']:.4g} (equalized start) -> " if rec["initial_scales"] else "")
           + f"{e['retrained']:.4g} (step {rec['retrained_step']} of {rec['steps']})"
-          + {"retrained": "", "equalized": " -- no better: the equalized start is kept"}.get(
-              rec["kept"], " -- no better: the parameters it started from are kept") +
+          + {"retrained": "", "equalized": " -- not better beyond the images' sampling spread: the equalized start "
+                                           "is kept"}.get(
+              rec["kept"], " -- not better beyond the images' sampling spread: the parameters it started from are "
+                           "kept") +
           f" -> {kdir / QPARAMS_JSON}")
 
 

@@ -94,11 +94,17 @@ class DistillLoss:
 
     def numpy(self, student: list[np.ndarray], index=slice(None)) -> float:
         """The loss of ``student`` (the outputs, in order) against the teacher's ``index`` images."""
+        return float(self.per_image(student, index).mean())
+
+    def per_image(self, student: list[np.ndarray], index=slice(None)) -> np.ndarray:
+        """The loss of each image (first axis) of ``student`` against the teacher's ``index`` images: their mean is
+        the loss (every image has as many values in each region)."""
         total = 0.0
         for i, sel, energy, _ in self.terms:
             d = np.asarray(student[i], np.float64) - self.teacher[i][index]
-            total += float(np.mean(np.square(d[sel]))) / energy
-        return total
+            sq = np.square(d)[sel] if sel else np.square(d)
+            total = total + sq.reshape(len(d), -1).mean(axis=1) / energy
+        return np.asarray(total, np.float64)
 
     def mindspore(self, student, teacher):
         """The same on MindSpore tensors: ``student`` / ``teacher`` tuples of the outputs of one batch."""
@@ -209,12 +215,17 @@ def equalized_start(graph, qparams, inputs: list[np.ndarray], recalibrate) -> tu
     return METHODS["equalize"].run(Context(graph, inputs, recalibrate), qparams)
 
 
-def emulated_loss(graph, qparams, images: np.ndarray, loss: DistillLoss) -> float:
-    """The distillation loss of the INT8 network as the emulator computes it (the device's arithmetic) on
+def emulated_losses(graph, qparams, images: np.ndarray, loss: DistillLoss) -> np.ndarray:
+    """The distillation loss of the INT8 network as the emulator computes it (the device's arithmetic) on each of
     ``images`` (all of the teacher's)."""
     from ..engine.int8_emulator import Emulator
     from .deploy import quantized_graph
 
     emulator = Emulator(quantized_graph(graph, qparams))
     outs = emulator.outputs(images.astype(np.float16))
-    return loss.numpy([outs[o] for o in graph.outputs])
+    return loss.per_image([outs[o] for o in graph.outputs])
+
+
+def emulated_loss(graph, qparams, images: np.ndarray, loss: DistillLoss) -> float:
+    """``emulated_losses``' mean: the loss on all of ``images``."""
+    return float(emulated_losses(graph, qparams, images, loss).mean())

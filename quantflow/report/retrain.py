@@ -35,8 +35,14 @@ def section(record: dict) -> str:
     start = init["emulated_loss"] if init else None
     png = base64.b64encode(loss_curve(record["losses"], e["before"], e["retrained"], start)).decode()
     kept = {"retrained": "the retrained parameters are used",
-            "equalized": "no better than its start: the equalized parameters are used",
-            }.get(record["kept"], "no better than before: the parameters it started from are used")
+            "equalized": "not better than its start beyond the images' sampling spread: the equalized parameters "
+                         "are used",
+            }.get(record["kept"], "not better beyond the images' sampling spread: the parameters it started from "
+                                  "are used")
+    gain = (record.get("gains") or {}).get("retrained")
+    if gain:
+        lo, hi = gain["interval"]
+        kept += f" (loss lowered by {gain['gain']:.4g} [{lo:.4g}, {hi:.4g}] against {gain['against']})"
     equalized = (f" The channel scales started at cross-layer equalization's ({len(init['pairs'])} pair(s) "
                  f"rescaled; INT8 loss {start:.4g})." if init else "")
     what = "weights and activation ranges" if record["learn_ranges"] else "weights (activation ranges frozen)"
