@@ -46,4 +46,8 @@ def test_the_retraining_started_at_equalization_and_lowered_the_loss_from_there(
     init, e = record["initial_scales"], record["emulated_loss"]
     assert any(p["l2"] and p["pair"].endswith(WORST) for p in init["pairs"])
     assert e["retrained"] < init["emulated_loss"] < e["before"]
-    assert len(record["losses"]) == record["steps"] and record["variants"] == 4 * record["images"]
+    assert len(record["losses"]) == record["steps"]
+    # a fifth of the calibration images judge what is kept; it learns from the rest and 4 variants of each
+    assert record["validation_images"] == 40 and record["variants"] == 4 * (record["images"] - 40)
+    assert record["gains"]["retrained"]["kept"] and record["retrained_step"] in [c["step"] for c in
+                                                                                  record["checkpoints"]]
