@@ -492,10 +492,11 @@ class RetrainSection(_Section):
     seed: int = Field(default=0, ge=0, description="the order of the images and MindSpore's seed")
     validation: float = Field(
         default=0.2, ge=0.0, lt=1.0, description="distill: the fraction of the calibration images held out of the "
-                                                 "training (seeded by retrain.seed); what the stage keeps -- the "
-                                                 "parameters it started from, the equalized start, or the retrained "
-                                                 "ones at one of the checkpoints -- is what has the least INT8 "
-                                                 "(emulated) loss on them; 0: judged on the images it learns from")
+                                                 "training (seeded by retrain.seed); the equalized start, then the "
+                                                 "retrained parameters at the best checkpoint, replace what it "
+                                                 "started from only where they lower the INT8 (emulated) loss on "
+                                                 "them beyond their sampling spread; 0: judged on the images it "
+                                                 "learns from")
     checkpoints: int = Field(default=5, gt=0, description="times during training (evenly spaced, the last step one of "
                                                            "them) the retrained parameters are measured on the "
                                                            "validation images, so an overfitting run keeps its best "

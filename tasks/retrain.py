@@ -53,7 +53,7 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
 
     from quantflow.entry import load_entry
     from quantflow.quantization.passes import fold_for_quantization
-    from quantflow.quantization.qat import QAT_NET_PY, FakeQuantNet
+    from quantflow.quantization.qat import QAT_NET_PY, FakeQuantNet, requantize
     from quantflow.quantization.retraining import (emulated_losses, equalized_start, train_distill, train_labels,
                                                    validation_split, variants)
 
@@ -108,12 +108,15 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
             values = net.learned()
             # the float network: FP32's weights with the learned channel scales (a layer the fallback rolls back
             # later computes what FP32 does, and a rescaled pair stays matched)
-            params = replace(net.requantized(), float_weights={**qp.float_weights, **net.float_weights()})
+            params = replace(requantize(qp, values, r.learn_ranges),
+                             float_weights={**qp.float_weights, **net.float_weights()})
             losses = emulated_losses(graph, params, judged, judge)
             value = float(losses.mean())
             checkpoints.append({"step": step, "emulated_loss": value})
             if not best or value < best["loss"] or not np.isfinite(best["loss"]):
-                best.update(loss=value, losses=losses, step=step, params=params, values=values)
+                pairs = [{"pair": p.describe(), "tensor": p.tensor, "scales": [float(s.min()), float(s.max())]}
+                         for p, s in zip(net.pairs, net.channel_scales().values())]
+                best.update(loss=value, losses=losses, step=step, params=params, values=values, pairs=pairs)
         try:
             if r.mode == "distill":
                 run = train_distill(net, images, loss, r.steps, r.lr, r.batch_size, r.seed, scales_lr=r.scales_lr,
@@ -125,14 +128,12 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
             raise QuantflowError(f"retrain: training the fake-quant network {kdir / 'network' / QAT_NET_PY} failed"
                                  f"{' in retrain.entry ' + r.entry if r.entry else ''}: "
                                  f"{(str(err).strip().splitlines() or [type(err).__name__])[0]}") from None
-        pairs = [{"pair": p.describe(), "tensor": p.tensor, "scales": [float(s.min()), float(s.max())]}
-                 for p, s in zip(net.pairs, net.channel_scales().values())]
     finally:
         ms.set_context(mode=mode)
     if not np.all(np.isfinite(run["losses"])):
         raise QuantflowError(f"retrain: the loss is not finite after {len(run['losses'])} steps (retrain.lr = {r.lr} "
                              f"too large?)")
-    retrained, learned_values, after = best["params"], best["values"], best["loss"]
+    retrained, learned_values, after, pairs = best["params"], best["values"], best["loss"], best["pairs"]
     # what it started from, unless the equalized start and then the retrained parameters are better on the judged
     # images beyond their sampling spread
     candidates = [("started from", before, start)] + ([("equalized", equalized, qp)] if initial else []) + [
