@@ -333,6 +333,12 @@ def test_the_report_shows_the_loss_curve():
                   checkpoints=[{"step": 2, "emulated_loss": 1.2}, {"step": 3, "emulated_loss": 1.4}])
     text = Report(render("t", gate_report(), None, {}, None, record)).text("retrain")
     assert "on 13 validation images" in text and "1.2 retrained (step 2; at the checkpoints: 1.2 at 2, 1.4 at 3)" in text
+    # a gain not beyond the spread: the start kept, and the gain shown
+    record.update(kept="started from", gains={"retrained": {"against": "started from", "gain": 0.004,
+                                                            "interval": [-0.006, 0.02], "kept": False}})
+    text = Report(render("t", gate_report(), None, {}, None, record)).text("retrain")
+    assert "not better beyond the images' sampling spread: the parameters it started from are used (loss lowered " \
+           "by 0.004 [-0.006, 0.02] against the parameters it started from)" in text
 
 
 def failing_loss(cfg, network):

@@ -42,7 +42,9 @@ def section(record: dict) -> str:
     gain = (record.get("gains") or {}).get("retrained")
     if gain:
         lo, hi = gain["interval"]
-        kept += f" (loss lowered by {gain['gain']:.4g} [{lo:.4g}, {hi:.4g}] against {gain['against']})"
+        against = {"started from": "the parameters it started from", "equalized": "the equalized start"}
+        kept += (f" (loss lowered by {gain['gain']:.4g} [{lo:.4g}, {hi:.4g}] against "
+                 f"{against.get(gain['against'], gain['against'])})")
     equalized = (f" The channel scales started at cross-layer equalization's ({len(init['pairs'])} pair(s) "
                  f"rescaled; INT8 loss {start:.4g})." if init else "")
     what = "weights and activation ranges" if record["learn_ranges"] else "weights (activation ranges frozen)"
