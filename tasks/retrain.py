@@ -221,8 +221,11 @@ def judged_images(rec: dict) -> str:
 def _key_inputs(b) -> dict:
     c = b.cfg.model_dump(mode="json")
     r = b.cfg.retrain
-    key = {"retrain": c["retrain"], "parts": c["evaluation"]["parts"], "normalization": c["normalization"],
-           "batch_size": c["calibration"]["batch_size"]}
+    ev = c["evaluation"]
+    key = {"retrain": c["retrain"], "parts": ev["parts"], "normalization": c["normalization"],
+           "batch_size": c["calibration"]["batch_size"],
+           # the keep rule's bootstrap (choose)
+           "bootstrap": {k: ev[k] for k in ("confidence", "resamples", "seed")}}
     if r.entry:
         from quantflow.io.digest import file_sha256
         key["entry_sources"] = [file_sha256(Path(f)) for f in module_file(r.entry)]

@@ -354,3 +354,19 @@ def test_a_failing_training_is_one_message(demo_cfg, calibrated, tmp_path):
                                              r"test_retrain:failing_loss: no labels here"):
         run_retrain(demo_cfg, calibrated, tmp_path / "retrain", mode="labels", entry="test_retrain:failing_loss",
                     steps=2)
+
+
+def test_the_retrain_key_follows_the_keep_rules_bootstrap(demo_cfg):
+    """The keep rule (``choose``) draws with evaluation's confidence, resamples and seed: a change reruns the stage."""
+    from quantflow.pipeline.build import Build
+    from tasks import STAGES
+
+    cfg = demo_cfg.model_copy(update={"retrain": RetrainSection()})
+
+    def own(**ev):
+        return STAGES["retrain"].key_inputs(Build(cfg.model_copy(
+            update={"evaluation": cfg.evaluation.model_copy(update=ev)})))
+
+    base = own()
+    assert all(own(**{k: v}) != base for k, v in (("confidence", 0.9), ("resamples", 500), ("seed", 1)))
+    assert own(threshold=cfg.evaluation.threshold / 2) == base
