@@ -8,16 +8,17 @@ upright before it reaches the recognizer), ``font_line`` (an upright line in a T
 fonts matplotlib ships, words and codes, as printed text looks; rendered by Pillow's FreeType, so another Pillow
 version may move a pixel), ``page`` (lines of text of several sizes on a page: a text detector's input), ``page4``
 (a page turned by 0/90/180/270 degrees: page orientation), ``layout`` (a page of title, paragraphs, a ruled table
-and a figure box: a layout detector's), ``shapes`` (filled shapes, skin-toned ellipses and a few large characters
-on a gradient: a generic detector's), ``faces`` and ``faces_held_out`` (``shapes`` with one to three real faces
-pasted in, and patches of real non-face photographs: a person detector's; the faces are the 100 of Labeled Faces
-in the Wild that scikit-image's wheel ships as ``skimage/data/lfw_subset.npy``, 25 x 25 grey, tinted to skin tones
-and scaled up; ``faces`` draws from the first half of the faces and of the non-face patches, ``faces_held_out``
-from the second, so calibration and held-out images share no face).  Text is drawn with ``cv2.putText`` (Hershey fonts); the same seed gives the
-same images on any machine (NumPy's PCG64 and OpenCV's deterministic rasterizer).
+and a figure box: a layout detector's), ``shapes`` (filled shapes, skin-toned ellipses and a few large characters on
+a gradient: a generic detector's), ``faces`` and ``faces_held_out`` (``shapes`` with one to three real faces pasted
+in, and patches of real non-face photographs: a person detector's; the faces are the 100 of Labeled Faces in the
+Wild that scikit-image's wheel ships as ``skimage/data/lfw_subset.npy``, 25 x 25 grey, tinted to skin tones and
+scaled up; ``faces`` draws from the first half of the faces and of the non-face patches, ``faces_held_out`` from the
+second, so calibration and held-out images share no face). Text is drawn with ``cv2.putText`` (Hershey fonts); the
+same seed gives the same images on any machine (NumPy's PCG64 and OpenCV's deterministic rasterizer).
 """
 from __future__ import annotations
 
+import functools
 import string
 from pathlib import Path
 
@@ -196,6 +197,7 @@ def shapes(rng, h: int, w: int) -> np.ndarray:
     return img
 
 
+@functools.cache
 def _lfw_subset() -> np.ndarray:
     """scikit-image's 200 LFW crops (100 faces, then 100 non-faces), 25 x 25 in 0..1, read from the wheel without
     importing skimage (``pip install --no-deps scikit-image`` is enough)."""
@@ -247,7 +249,8 @@ def faces_held_out(rng, h: int, w: int) -> np.ndarray:
     return _faces(rng, h, w, 1)
 
 
-DRAW = {"faces": faces, "faces_held_out": faces_held_out, "line": line, "upright_line": upright_line, "font_line": font_line, "page": page, "page4": page4, "layout": layout, "shapes": shapes}
+DRAW = {"line": line, "upright_line": upright_line, "font_line": font_line, "page": page, "page4": page4,
+        "layout": layout, "shapes": shapes, "faces": faces, "faces_held_out": faces_held_out}
 
 
 def held_out(kind: str) -> str:
