@@ -26,7 +26,7 @@ from quantflow.quantization.qparams import QPARAMS_JSON, QPARAMS_NPZ, QuantParam
 
 from . import sensitivity
 from .aipp import read_params
-from .inputs import evaluation_set, output_names, parameters_dir, read_graph
+from .inputs import evaluation_set, output_names, parameters_dir, read_graph, recovered_check
 from .preflight import module_file
 from .stage import Stage
 
@@ -96,7 +96,9 @@ def focus_ranking(sensitivity: dict, m, names: dict | None):
 
 
 def fallback_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, aipp_dir: Path | None,
-                   sensitivity: dict | None) -> dict:
+                   sensitivity: dict | None, first: dict | None = None) -> dict:
+    """``first``: the check on the tuning images of the parameters in ``params_dir``, where one was made (the
+    recovery's): the roll-back's step 0 takes it."""
     from quantflow.evaluation.intervals import FAIL, settled, shortfall
     from quantflow.evaluation.metrics import metric
     from quantflow.quantization.fallback import roll_back
@@ -119,7 +121,8 @@ def fallback_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, aipp_dir:
                               rerank=focus_ranking(sensitivity, m, names),
                               settled=lambda report: settled(report["verdict"], on_undecided),
                               closer=lambda report, before: None if before["verdict"] == FAIL or "figures" not in report
-                              else shortfall(report["figures"]) < shortfall(before["figures"]))
+                              else shortfall(report["figures"]) < shortfall(before["figures"]),
+                              first=first)
         final = next(st for st in reversed(steps) if not st.get("undone"))
         result = {"mode": "auto", "metric": m.name, "max_fallback": q.max_fallback, "steps": steps,
                   "float_ops": final["float_ops"], "passed": final["passed"],
@@ -141,7 +144,8 @@ def _auto(cfg) -> bool:
 def _run(b) -> None:
     c = b.cfg
     result = fallback_stage(c, b.dir("fallback"), parameters_dir(b), b.dir("graph"),
-                            b.dir("aipp") if _auto(c) else None, sensitivity.ensure(b) if _auto(c) else None)
+                            b.dir("aipp") if _auto(c) else None, sensitivity.ensure(b) if _auto(c) else None,
+                            recovered_check(b) if _auto(c) else None)
     if result["mode"] == "off":
         print("quantization.fallback = off: every calibrated op stays INT8")
     else:

@@ -91,3 +91,16 @@ def parameters_stage(cfg, before: str | None = None) -> str:
 def parameters_dir(b, before: str | None = None) -> Path:
     """The folder of the INT8 parameters (qparams.json / .npz) of ``parameters_stage``."""
     return b.dir(parameters_stage(b.cfg, before))
+
+
+def recovered_check(b) -> dict | None:
+    """The recover stage's check on the tuning images of the parameters it saved (``TUNING_CHECK``), where the
+    stages after it start from those parameters (no retraining since) and it made one: the fallback's step 0."""
+    import pickle
+
+    from quantflow.io.files import TUNING_CHECK
+
+    if parameters_stage(b.cfg) != "recover":
+        return None
+    path = b.dir("recover", create=False) / TUNING_CHECK
+    return pickle.loads(path.read_bytes()) if path.is_file() else None

@@ -2,6 +2,10 @@
 (``quantflow.quantization.recovery``): ``qparams`` (with the recovered float weights), ``recovery.json`` (per INT8
 op, its output SQNR with all ops in INT8, before recovery and after each method), ``recovery.txt``.
 
+Where it checked the tuning images, the check of the parameters it saved is kept beside them (``TUNING_CHECK``,
+a pickle of the checker's report): the fallback's step 0, on those same parameters and images, takes it instead
+of checking again.
+
 ``quantization.recover``:
 
 - ``"auto"``: the cheap methods in every build (cross-layer equalization of the tensors whose median channel range
@@ -17,11 +21,13 @@ op, its output SQNR with all ops in INT8, before recovery and after each method)
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
 
-from quantflow.io.atomic import write_json, write_text
+from quantflow.io.atomic import atomic_path, write_json, write_text
+from quantflow.io.files import TUNING_CHECK
 from quantflow.quantization.qparams import QPARAMS_JSON, QPARAMS_NPZ, QuantParams
 
 from .inputs import compared_regions, image_batches, output_names, read_graph, recalibrator
@@ -66,14 +72,16 @@ def recover_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, calibra
         # the fallback's own rule (evaluation.intervals.settled): only a check the gate would not pass on the
         # tuning images asks for more
         check = _tuning_check(cfg, raw, graph, aipp_dir)
-        first = check(qp)
+        first = last = check(qp)
         record["check"] = {"passed": bool(first["passed"]), "verdict": first["verdict"], "ops": len(qp.ops)}
         if not settled(first["verdict"], cfg.evaluation.on_undecided):
             print(f"recovery: the check on the tuning images is {first['verdict']}; {', '.join(COSTLY)} before any "
                   f"fallback")
             qp, record = recover(ctx, qp, COSTLY, guard=True, record=record)
-            again = check(qp)
+            again = last = check(qp)
             record["check_after"] = {"passed": bool(again["passed"]), "verdict": again["verdict"], "ops": len(qp.ops)}
+        with atomic_path(kdir / TUNING_CHECK) as tmp:
+            tmp.write_bytes(pickle.dumps(last))
     qp.save(kdir)
     write_json(kdir / RECOVERY_JSON, record)
     write_text(kdir / RECOVERY_TXT, text_table(record) + "\n")
@@ -94,6 +102,7 @@ def _tuning_check(cfg, raw, folded, aipp_dir):
 
 def read(recover_dir: Path) -> dict:
     return json.loads((Path(recover_dir) / RECOVERY_JSON).read_text())
+
 
 
 def _run(b) -> None:

@@ -5,12 +5,15 @@ float network), and the build passes its gate all-INT8, with ``quantization.fall
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from pathlib import Path
 
 import onnx
 import pytest
 from support.project import REPO, copy_project, run_doit
+
+from quantflow.io.files import TUNING_CHECK
 
 EXAMPLE = "examples/mobilenet_v1_imbalanced"
 WORST = "Default/features-SequentialCell/2-SequentialCell/0-Conv2d/Conv2D-op0"   # the layer reading the tensor
@@ -65,3 +68,6 @@ def test_as_shipped_recovery_runs_before_the_fallback(project):
     # the fallback's first check is on the recovered parameters: the recovery's last verdict
     last = record.get("check_after", record["check"])
     assert (fallback["steps"][0]["passed"], fallback["steps"][0]["verdict"]) == (last["passed"], last["verdict"])
+    # which the recovery kept beside its parameters, for the fallback's step 0 to take instead of checking again
+    made = pickle.loads((Path(latest["artifacts"]["recover"]) / TUNING_CHECK).read_bytes())
+    assert (made["passed"], made["verdict"]) == (last["passed"], last["verdict"])

@@ -359,6 +359,22 @@ def test_roll_back_follows_the_ranking_and_stops_when_the_check_passes():
         assert set(s) == {"float_ops", "int8_ops", "int8_top1", "drop", "passed"}
 
 
+def test_roll_back_takes_a_check_already_made_as_its_first_step():
+    qp = fake_qparams()
+    ranking = ["n3", "n0", "n4", "n1", "n2"]
+    made = FakeCheck({"n3", "n0"})(qp)          # the recovery's check of the same parameters
+    check = FakeCheck({"n3", "n0"})
+    selected, steps = roll_back(qp, ranking, check, max_ops=5, first=made)
+    # the same steps as checking again, one check fewer: step 0 is the one given
+    again, again_steps = roll_back(qp, ranking, FakeCheck({"n3", "n0"}), max_ops=5)
+    assert steps == again_steps and selected.ops == again.ops
+    assert len(check.seen) == len(steps) - 1 and all(len(s) < 5 for s in check.seen)
+    # a passing check given: no check at all
+    passing = FakeCheck(set())
+    _, one = roll_back(qp, ranking, passing, max_ops=5, first=passing(qp))
+    assert len(one) == 1 and one[0]["passed"] and len(passing.seen) == 1
+
+
 def test_roll_back_of_a_passing_quantization_is_one_step():
     qp = fake_qparams()
     selected, steps = roll_back(qp, ["n0", "n1"], FakeCheck(set()), max_ops=3)

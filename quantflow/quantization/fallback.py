@@ -29,7 +29,8 @@ def roll_back(qparams: QuantParams, ranking: list[str], check: Callable[[QuantPa
               max_ops: int, fields: tuple[str, ...] = ("int8_top1", "drop"),
               rerank: Callable[[dict], list[str]] | None = None,
               settled: Callable[[dict], bool] | None = None,
-              closer: Callable[[dict, dict], bool | None] | None = None) -> tuple[QuantParams, list[dict]]:
+              closer: Callable[[dict, dict], bool | None] | None = None,
+              first: dict | None = None) -> tuple[QuantParams, list[dict]]:
     """(the selected parameters, the steps).  ``check(qparams)`` returns at least ``passed`` and ``fields``
     (the gate metric's step keys); each step records those with the ops in float at that point (and the check's
     ``verdict`` and ``undecided`` labels where it gives them).
@@ -37,7 +38,8 @@ def roll_back(qparams: QuantParams, ranking: list[str], check: Callable[[QuantPa
     ``settled(result)``, when given, says when to stop instead of ``passed`` (``evaluation.intervals.settled``);
     ``closer(result, before)``, when given, is None where the check before was a failure the roll-back must go
     on from, else whether ``result`` is closer to passing than ``before``: a step that is not is marked
-    ``"undone": true``, its op put back, and the roll-back stops at the step before it."""
+    ``"undone": true``, its op put back, and the roll-back stops at the step before it.  ``first``, when given, is
+    ``check(qparams)`` already made (the recovery's): step 0 takes it instead of checking again."""
     in_float: list[str] = []
     scopes = {q.node: q.scope for q in qparams.ops}
     steps = []
@@ -45,7 +47,7 @@ def roll_back(qparams: QuantParams, ranking: list[str], check: Callable[[QuantPa
     before = None
     while True:
         current = without(qparams, in_float)
-        result = check(current)
+        result = first if first is not None and not in_float else check(current)
         done = bool(settled(result) if settled else result["passed"])
         steps.append({"float_ops": [{"node": n, "scope": scopes[n]} for n in in_float],
                       "int8_ops": len(current.ops), **{k: result[k] for k in fields}, "passed": done,
