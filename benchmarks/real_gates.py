@@ -185,9 +185,10 @@ def run_build(toml: Path) -> dict:
     b = Build(load_config(toml), toml)
     files = {"report": ("gate", "accuracy_report.json"), "fallback": ("fallback", "fallback.json"),
              "recovery": ("recover", "recovery.json"), "retrain": ("retrain", "retrain.json")}
+    used = {st.name for st in b.stages()}   # a stage the configuration does not have (retrain) has no folder
     for key, (stage, fname) in files.items():
-        p = b.dir(stage, create=False) / fname
-        out[key] = json.loads(p.read_text()) if p.is_file() else None
+        p = b.dir(stage, create=False) / fname if stage in used else None
+        out[key] = json.loads(p.read_text()) if p is not None and p.is_file() else None
     if out["report"] is None:
         out["error"] = log.read_text().strip().splitlines()[-TAIL:]
     return out

@@ -95,3 +95,14 @@ def _plain_project(folder):
     toml = folder / "quantflow.toml"
     toml.write_text('[model]\nonnx = "model.onnx"\n\n[build]\noutput_dir = "build"\n')
     return toml
+
+
+def test_a_build_without_retraining_is_read_without_a_retrain_folder(demo_project, monkeypatch):
+    """run_build reads the artifacts of the stages the configuration has (no build is run here: none is found)."""
+    import subprocess
+
+    from benchmarks import real_gates
+
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0))
+    out = real_gates.run_build(demo_project / "quantflow.toml")
+    assert out["exit"] == 0 and out["retrain"] is None and out["report"] is None and "error" in out
