@@ -458,6 +458,16 @@ class EngineSection(_Section):
                                   "'local' (a Ray runtime started here) or 'ray://head:10001'")
 
 
+class CacheSection(_Section):
+    """The shared artifact cache (quantflow.pipeline.cache): where keyed stages' artifact folders are pulled from
+    before they would run and pushed to once done.  Not part of any artifact key: the same build finds the same
+    entries from any machine.  ``quantflow build --cache URL`` and $QUANTFLOW_CACHE override ``url``;
+    ``--no-cache`` turns it off."""
+    url: Optional[str] = Field(
+        default=None, description="a folder (a shared mount) or an fsspec URL such as 's3://bucket/prefix' (the "
+                                  "s3 extra; endpoint and keys from the standard AWS environment variables)")
+
+
 class TrainSection(_Section):
     entry: str = Field(description="'module:callable(config, checkpoint_path) -> metrics dict' that trains the model")
     epochs: int = Field(default=12, gt=0)
@@ -539,6 +549,7 @@ class QuantflowConfig(_Section):
     aipp: AippSection
     build: BuildSection = BuildSection()
     engine: EngineSection = EngineSection()
+    cache: CacheSection = CacheSection()
     train: Optional[TrainSection] = None
     retrain: Optional[RetrainSection] = None
 

@@ -96,11 +96,19 @@ def parameters_dir(b, before: str | None = None) -> Path:
 def recovered_check(b) -> dict | None:
     """The recover stage's check on the tuning images of the parameters it saved (``TUNING_CHECK``), where the
     stages after it start from those parameters (no retraining since) and it made one: the fallback's step 0."""
-    import pickle
+    import json
 
-    from quantflow.io.files import TUNING_CHECK
+    import numpy as np
+
+    from quantflow.evaluation.verdicts import DRAWS
+    from quantflow.io.files import TUNING_CHECK, TUNING_CHECK_DRAWS
 
     if parameters_stage(b.cfg) != "recover":
         return None
-    path = b.dir("recover", create=False) / TUNING_CHECK
-    return pickle.loads(path.read_bytes()) if path.is_file() else None
+    folder = b.dir("recover", create=False)
+    if not (folder / TUNING_CHECK).is_file():
+        return None
+    check = json.loads((folder / TUNING_CHECK).read_text())
+    with np.load(folder / TUNING_CHECK_DRAWS) as z:
+        check[DRAWS] = {k: z[k] for k in z.files}
+    return check

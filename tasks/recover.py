@@ -3,7 +3,8 @@
 op, its output SQNR with all ops in INT8, before recovery and after each method), ``recovery.txt``.
 
 Where it checked the tuning images, the check of the parameters it saved is kept beside them (``TUNING_CHECK``,
-a pickle of the checker's report): the fallback's step 0, on those same parameters and images, takes it instead
+the checker's report as JSON, its bootstrap draws beside it in ``TUNING_CHECK_DRAWS``; nothing a build writes is a
+pickle, since artifacts cross machines through the cache): the fallback's step 0, on those same parameters and images, takes it instead
 of checking again.
 
 ``quantization.recover``:
@@ -21,13 +22,12 @@ of checking again.
 from __future__ import annotations
 
 import json
-import pickle
 from pathlib import Path
 
 import numpy as np
 
-from quantflow.io.atomic import atomic_path, write_json, write_text
-from quantflow.io.files import TUNING_CHECK
+from quantflow.io.atomic import save_npz, write_json, write_text
+from quantflow.io.files import TUNING_CHECK, TUNING_CHECK_DRAWS
 from quantflow.quantization.qparams import QPARAMS_JSON, QPARAMS_NPZ, QuantParams
 
 from .inputs import compared_regions, image_batches, output_names, read_graph, recalibrator
@@ -80,8 +80,7 @@ def recover_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, calibra
             qp, record = recover(ctx, qp, COSTLY, guard=True, record=record)
             again = last = check(qp)
             record["check_after"] = {"passed": bool(again["passed"]), "verdict": again["verdict"], "ops": len(qp.ops)}
-        with atomic_path(kdir / TUNING_CHECK) as tmp:
-            tmp.write_bytes(pickle.dumps(last))
+        write_check(kdir, last)
     qp.save(kdir)
     write_json(kdir / RECOVERY_JSON, record)
     write_text(kdir / RECOVERY_TXT, text_table(record) + "\n")
@@ -98,6 +97,25 @@ def _tuning_check(cfg, raw, folded, aipp_dir):
     tune, _, _ = tuning_and_gate_sets(cfg)
     return metric(cfg.evaluation.metric).checker(tune, cfg.evaluation, raw, folded, read_params(aipp_dir),
                                                  output_names(cfg, raw))
+
+
+def write_check(kdir: Path, check: dict) -> None:
+    """A checker's report as ``TUNING_CHECK`` (JSON) and its bootstrap draws as ``TUNING_CHECK_DRAWS``; the draws
+    first, so that the JSON (what ``inputs.recovered_check`` looks for) is the last write."""
+    from quantflow.evaluation.verdicts import DRAWS
+
+    save_npz(kdir / TUNING_CHECK_DRAWS, {k: np.asarray(v, np.float64) for k, v in check.get(DRAWS, {}).items()})
+    write_json(kdir / TUNING_CHECK, {k: v for k, v in check.items() if k != DRAWS}, sort_keys=False,
+               default=_plain)
+
+
+def _plain(value):
+    """NumPy scalars and arrays as JSON's numbers and lists."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def read(recover_dir: Path) -> dict:

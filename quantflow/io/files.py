@@ -7,4 +7,5 @@ REPORT_DRAWS = "accuracy_draws.npz"      # each figure's bootstrap draws, so a l
 JUNIT_XML = "gate_junit.xml"             # JUnit XML: one test case per gated figure
 SUMMARY_MD = "gate_summary.md"           # Markdown for a CI job summary
 LATEST_JSON = "latest.json"              # <build.output_dir>/latest.json: the current artifacts
-TUNING_CHECK = "tuning_check.pkl"        # recover: its parameters' check on the tuning images (fallback step 0)
+TUNING_CHECK = "tuning_check.json"       # recover: its parameters' check on the tuning images (fallback step 0)
+TUNING_CHECK_DRAWS = "tuning_check_draws.npz"  # ... and that check's bootstrap draws
