@@ -1,4 +1,8 @@
-"""quantflow: INT8 post-training quantization and offline-model build pipeline for Ascend NPUs."""
+"""quantflow: INT8 post-training quantization and offline-model build pipeline for Ascend NPUs.
+
+The Python API (``quantflow.api``): ``build(config)`` runs one configuration's build, ``quantize(model, calibration,
+evaluation, **options)`` quantizes a model from two image folders in one call; both return a ``BuildResult``.
+A failing gate is a result; a bad configuration or input raises ``QuantflowError`` (``ConfigError``, ...)."""
 import os as _os
 import platform as _platform
 
@@ -15,3 +19,10 @@ if _platform.machine().lower() in ("x86_64", "amd64"):
     _os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 
 __version__ = "0.1.0"
+
+from .api import BuildResult, Figure, build, quantize  # noqa: E402  (after the environment above is set)
+from .errors import (AccuracyGateError, AippMismatchError, AtcError, ConfigError, DataError,  # noqa: E402
+                     QuantflowError, UnsupportedNetworkError)
+
+__all__ = ["AccuracyGateError", "AippMismatchError", "AtcError", "BuildResult", "ConfigError", "DataError", "Figure",
+           "QuantflowError", "UnsupportedNetworkError", "__version__", "build", "quantize"]

@@ -1,6 +1,7 @@
 """The ``quantflow`` command: build, init, list, report, and on an Ascend host verify and dump.
 
-    quantflow build [CONFIG ...] [STAGE ...] [-j N] [--always] [--baseline PATH]
+    quantflow build [CONFIG ...] [STAGE ...] [-j N] [--always] [--baseline PATH] [--cache URL | --no-cache]
+                    [--ray ADDRESS]
     quantflow compare A B
     quantflow init (--onnx FILE | --mindir FILE | --entry MOD:FN --checkpoint FILE) [--calib DIR] [--eval DIR] [-o FILE]
     quantflow list [CONFIG]
@@ -12,8 +13,9 @@
 output folder) side by side, figure by figure.  ``build --baseline PATH`` is ``evaluation.baseline = PATH`` for
 this build (docs/release-gate.md).
 
-``build`` runs the installed task graph (quantflow.pipeline.doit_graph) through doit's own API: one config in this
-process; several configs each in a process of its own, ``-j`` at a time.  Every build keeps its doit state and
+``build`` is a thin layer over the Python API (``quantflow.api.build``), which runs the installed task graph
+(quantflow.pipeline.doit_graph) through doit's own API: one config in this process; several configs each in a
+process of its own, ``-j`` at a time, or each as a Ray task (``--ray``).  Every build keeps its doit state and
 its lock in its own ``build.output_dir``, so builds of different folders run side by side; two configs of one
 command naming the same folder are refused before anything runs, and a build of a folder another command is
 building waits for it (quantflow.pipeline.lock).
@@ -57,20 +59,23 @@ def _split_targets(targets: list[str], tasks: list[str]) -> tuple[list[Path], li
     return configs or [Path(DEFAULT_CONFIG_NAME)], stages
 
 
-def _build_here(config: Path, tasks: list[str], always: bool) -> int:
-    from doit.cmd_base import ModuleTaskLoader
-    from doit.doit_cmd import DoitMain
+def _build_here(config: Path, tasks: list[str], always: bool, cache) -> int:
+    """One configuration in this process, through the Python API (``quantflow.api.build``): 0 when the gate passed
+    (or was not among the stages run), 1 when it failed; an error is raised."""
+    from ..api import build as api_build
 
-    from ..pipeline.doit_graph import namespace
-
-    loader = ModuleTaskLoader(namespace(config))
-    # doit's own default output stream is the sys.stdout of the moment doit was imported: give it this one
-    return DoitMain(loader, extra_config={"GLOBAL": {"outfile": sys.stdout}}).run(
-        ["run", *(["--always-execute"] if always else []), *tasks])
+    result = api_build(config, cache=cache, always=always, stages=tasks)
+    return 0 if result.verdict is None or result.passed else 1
 
 
-def _build_apart(config: Path, tasks: list[str], always: bool) -> tuple[int, str]:
-    cmd = [sys.executable, "-m", "quantflow.cli", "build", str(config), *(["--always"] if always else [])]
+def _cache_args(cache) -> list[str]:
+    """``build``'s cache options again, for a build run in another process."""
+    return ["--no-cache"] if cache is False else ["--cache", str(cache)] if cache else []
+
+
+def _build_apart(config: Path, tasks: list[str], always: bool, cache) -> tuple[int, str]:
+    cmd = [sys.executable, "-m", "quantflow.cli", "build", str(config), *(["--always"] if always else []),
+           *_cache_args(cache)]
     for t in tasks:
         cmd += ["--task", t]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -87,17 +92,24 @@ def _check_output_dirs(configs: list[Path]) -> None:
         seen[out] = c
 
 
-def build(configs: list[Path], jobs: int, tasks: list[str], always: bool) -> int:
-    """Build every config; the worst exit code.  Several configs: each in a subprocess, ``jobs`` at a time, each
-    one's output printed whole under a ``===== CONFIG: built | FAILED`` line when it ends."""
+def build(configs: list[Path], jobs: int, tasks: list[str], always: bool, cache=None, ray: str | None = None,
+          baseline: Path | None = None) -> int:
+    """Build every config; the worst exit code.  ``cache``: a URL, False (none) or None ($QUANTFLOW_CACHE, else
+    each config's ``[cache] url``).  Several configs: each in a subprocess, ``jobs`` at a time, each one's output
+    printed whole under a ``===== CONFIG: built | FAILED`` line when it ends; with ``ray`` (an address), each as a
+    task of that Ray cluster (quantflow.pipeline.farm)."""
     if jobs < 1:
         raise QuantflowError(f"-j must be at least 1, got {jobs}")
+    if ray is not None:
+        from ..pipeline.farm import build_on_ray
+        _check_output_dirs(configs)
+        return build_on_ray(configs, ray, cache, tasks, always, baseline)
     if len(configs) == 1:
-        return _build_here(configs[0], tasks, always)
+        return _build_here(configs[0], tasks, always, cache)
     _check_output_dirs(configs)
     worst = 0
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for config, (code, text) in zip(configs, pool.map(lambda c: _build_apart(c, tasks, always), configs)):
+        for config, (code, text) in zip(configs, pool.map(lambda c: _build_apart(c, tasks, always, cache), configs)):
             print(f"===== {config}: {'built' if code == 0 else f'FAILED (exit {code})'}")
             print(text, end="" if text.endswith("\n") else "\n", flush=True)
             worst = max(worst, code)
@@ -217,6 +229,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--task", action="append", default=[], help="a stage to run (for a stage named like a file)")
     b.add_argument("--baseline", type=Path, help="a previous build's accuracy_report.json or output folder: the gate "
                                                  "also fails where a figure is worse than it (evaluation.baseline)")
+    b.add_argument("--cache", metavar="URL", help="the shared artifact cache: a folder or an fsspec URL such as "
+                                                  "s3://bucket/prefix (default $QUANTFLOW_CACHE, else [cache] url)")
+    b.add_argument("--no-cache", action="store_true", help="use no artifact cache for this build")
+    b.add_argument("--ray", metavar="ADDRESS", help="build each config as a task of a Ray cluster: 'local' (a runtime "
+                                                    "started here), 'auto' or 'ray://head:10001' (needs a cache)")
     c = sub.add_parser("compare", help="two builds' accuracy reports side by side, figure by figure")
     c.add_argument("a", type=Path, metavar="A", help="an accuracy_report.json, a gate stage folder or an output folder")
     c.add_argument("b", type=Path, metavar="B")
@@ -253,8 +270,11 @@ def main(argv=None) -> int:
                 from ..evaluation.baseline import locate
                 locate(a.baseline, "--baseline")
                 os.environ[BASELINE_ENV] = str(a.baseline.resolve())
+            if a.cache and a.no_cache:
+                raise QuantflowError("--cache and --no-cache contradict each other; give one")
+            cache = False if a.no_cache else a.cache
             try:
-                return build(configs, a.jobs, tasks, a.always)
+                return build(configs, a.jobs, tasks, a.always, cache, a.ray, a.baseline)
             finally:
                 os.environ.pop(BASELINE_ENV, None)
         if a.command == "init":
@@ -271,5 +291,6 @@ def main(argv=None) -> int:
             return compare(a.a, a.b)
         return list_stages(a.config) if a.command == "list" else report(a.config)
     except (QuantflowError, OSError) as err:
-        print(f"quantflow: {err}", file=sys.stderr)
-        return USAGE_ERROR
+        if not getattr(err, "printed", False):   # a stage's error the build's own output has already said
+            print(f"quantflow: {err}", file=sys.stderr)
+        return getattr(err, "exit_code", USAGE_ERROR)

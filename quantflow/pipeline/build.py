@@ -20,6 +20,7 @@ class Build:
         self.cfg = cfg
         self.config_file = config_file  # the file cfg was read from (named in messages), when there is one
         self._keys: dict[str, tuple[str, dict]] = {}
+        self.failure: Exception | None = None   # the error a stage raised in this build (doit_graph), if any
 
     def stages(self) -> list[Stage]:
         """The configuration's stages, in build order."""

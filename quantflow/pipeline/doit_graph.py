@@ -79,16 +79,19 @@ def config_error_line(b: Build, err: ConfigError) -> str:
 def _action(stage):
     """The stage's run as a doit python-action: a QuantflowError is a clean task failure; a ConfigError (a setting
     or a file the configuration names is wrong) is one line naming the configuration file and the field, and doit
-    exits 2 (a task error) as for a bad configuration; a keyed stage's completion marker is its last write."""
+    exits 2 (a task error) as for a bad configuration; a keyed stage's completion marker is its last write.  The error
+is kept on the build (``Build.failure``) for the Python API to raise."""
     @functools.wraps(stage.run)
     def action():
         b = build()
         try:
             stage.run(b)
         except ConfigError as err:
+            b.failure = err   # what the Python API (quantflow.api) raises once doit has stopped
             print(config_error_line(b, err), file=sys.stderr, flush=True)
             return TaskError(f"ConfigError: {err}", report=False)
         except QuantflowError as err:
+            b.failure = err
             return TaskFailed(f"{type(err).__name__}: {err}")
         if stage.keyed:
             b.mark_done(stage.name)
