@@ -33,16 +33,28 @@ Verdict = Literal["PASS", "FAIL", "UNDECIDED"]
 
 @dataclass(frozen=True)
 class Figure:
-    """One gated (or reported) figure of the accuracy gate, as ``accuracy_report.json`` holds it."""
-    id: str                       # a stable identifier, e.g. "drop" or "agreement"
-    label: str                    # what the report calls it
-    value: float | None           # measured on the held-out images (None: the metric gave no value)
-    low: float | None             # the bootstrap interval at evaluation.confidence (None where it has none)
+    """One figure of the accuracy gate, as ``accuracy_report.json`` holds it.
+
+    Attributes:
+        id: a stable identifier, e.g. ``"drop"`` or ``"agreement"``.
+        label: what the report calls it.
+        value: measured on the held-out images (None where the metric gave no value).
+        low: the low end of its bootstrap interval at ``evaluation.confidence`` (None where it has none).
+        high: the high end of that interval.
+        limit: the configured limit it is judged against.
+        kind: ``"min"`` (the value must reach the limit) or ``"max"`` (it must stay within it).
+        verdict: ``"PASS"``, ``"FAIL"`` or ``"UNDECIDED"`` (the interval straddles the limit).
+        gated: false for a figure that is reported only, never failing the build.
+    """
+    id: str
+    label: str
+    value: float | None
+    low: float | None
     high: float | None
-    limit: float | None           # the configured limit it is judged against
-    kind: str | None              # "min" (value must reach the limit) or "max" (must stay below it)
-    verdict: str                  # PASS, FAIL or UNDECIDED
-    gated: bool = True            # false: reported only, never failing the build
+    limit: float | None
+    kind: str | None
+    verdict: str
+    gated: bool = True
 
     @classmethod
     def from_report(cls, f: Mapping) -> "Figure":
@@ -55,17 +67,31 @@ class Figure:
 class BuildResult:
     """What one build gives: the gate's decision with its figures, the artifacts, the configuration used.
 
-    ``verdict`` is None only when the stages asked for did not include the gate."""
-    verdict: Verdict | None       # the figures' verdict: PASS, FAIL or UNDECIDED
-    passed: bool                  # the gate's decision (UNDECIDED passes only as evaluation.on_undecided says)
-    figures: tuple[Figure, ...]   # every figure of the gate with its interval and limit
-    artifacts: dict[str, Path]    # name -> path: each keyed stage's folder and the files latest.json names
-    report: dict                  # the gate's accuracy report (accuracy_report.json); empty without a gate
-    report_html: Path | None      # the self-contained HTML build report
-    config: QuantflowConfig       # the configuration the build used
-    config_file: Path | None      # where it was read from
-    keys: dict[str, str] = field(default_factory=dict)          # each keyed stage's artifact key
-    float16_layers: tuple[str, ...] = ()                          # layers left in float16 on the device
+    Attributes:
+        verdict: the figures' verdict, ``"PASS"``, ``"FAIL"`` or ``"UNDECIDED"``; None only when the stages asked
+            for did not include the gate.
+        passed: the gate's decision (an UNDECIDED verdict passes only as ``evaluation.on_undecided`` says).
+        figures: every figure of the gate, with its interval, limit and verdict.
+        artifacts: name -> path: each keyed stage's folder by stage name, and the files ``latest.json`` names
+            (``deploy_onnx``, ``qparams``, ``aipp_config``, ``om``, ``accuracy_report`` (text), ``report`` (HTML),
+            ...), the gate's files also for a build that failed.
+        report: the gate's accuracy report (``accuracy_report.json``); empty without a gate.
+        report_html: the self-contained HTML build report.
+        config: the configuration the build used.
+        config_file: the file it was read from.
+        keys: each keyed stage's artifact key.
+        float16_layers: the layers left in float16 on the device.
+    """
+    verdict: Verdict | None
+    passed: bool
+    figures: tuple[Figure, ...]
+    artifacts: dict[str, Path]
+    report: dict
+    report_html: Path | None
+    config: QuantflowConfig
+    config_file: Path | None
+    keys: dict[str, str] = field(default_factory=dict)
+    float16_layers: tuple[str, ...] = ()
 
     @property
     def failures(self) -> tuple[str, ...]:
@@ -163,7 +189,7 @@ def _run_doit(tasks: dict, b, stages: list[str], rerun: set[str]) -> int:
 def _result(b, code: int, stages: list[str]) -> BuildResult:
     """The build's outcome: its gate's report under the current key where the gate ran (passed or not), else the
     error a stage raised."""
-    from .io.files import REPORT_HTML, REPORT_JSON
+    from .io.files import JUNIT_XML, REPORT_HTML, REPORT_JSON, REPORT_TXT, SUMMARY_MD
     from .tasks.summary import latest_path
 
     failure = getattr(b, "failure", None)
@@ -186,9 +212,10 @@ def _result(b, code: int, stages: list[str]) -> BuildResult:
         named = json.loads(latest.read_text())
         if named.get("keys") == keys:   # latest.json names this build's artifacts
             artifacts.update({k: Path(v) for k, v in named.items() if isinstance(v, str) and v and Path(v).exists()})
-    if report:
+    if report:   # the gate's files under latest.json's names, for a build that failed too
         gate = b.dir("gate", create=False)
-        artifacts.setdefault("accuracy_report", gate / REPORT_JSON)
+        artifacts.update({"accuracy_report": gate / REPORT_TXT, "accuracy_report_json": gate / REPORT_JSON,
+                          "report": gate / REPORT_HTML, "junit": gate / JUNIT_XML, "gate_summary": gate / SUMMARY_MD})
     verdict = report.get("verdict") or ({True: "PASS", False: "FAIL"}.get(report.get("passed")) if report else None)
     return BuildResult(
         verdict=verdict, passed=bool(report.get("passed", False)) if report else code == 0,

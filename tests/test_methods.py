@@ -1,4 +1,4 @@
-"""The range-method comparison command runs (its figures are reported in the README, not asserted)."""
+"""The range-method comparison command runs (its figures are reported in docs/range-methods.md, not asserted)."""
 import math
 
 from benchmarks import methods

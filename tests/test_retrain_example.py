@@ -2,7 +2,7 @@
 block's channels 256x apart) with ``calibration.method = "kl"``, recovery and fallback off, and ``[retrain]``
 (distill, learned ranges and channel scales starting at cross-layer equalization's) passes its gate with every layer
 CANN keeps in INT8 in INT8 (issue: the retraining carries the build alone).  Measured over five seeds, the drop is
-0-0.3 points against the 2-point limit (README, Retraining); the test asserts the verdict and the artifacts, not
+0-0.3 points against the 2-point limit (docs/retraining.md); the test asserts the verdict and the artifacts, not
 the figures."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """An independent NumPy statement of the Ascend INT8 scheme, for checking the emulator bit for bit.
 
-Written from the scheme's definition (README "Quantization scheme"), not from the emulator:
+Written from the scheme's definition (docs/how-it-works.md "The INT8 scheme, emulated"), not from the emulator:
 float16 values are NumPy float16 (IEEE binary16, round to nearest even), the cube's sums are
 exact int64 over explicitly gathered windows, and every op between quantized ops works on
 float16 values computed in float32.  It covers the ops the test networks use.

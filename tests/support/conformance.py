@@ -1,5 +1,5 @@
 """The rules CANN's own compile passes and ONNX parser impose on a deploy graph, checked on what quantflow wrote
-(README "What runs on the device"; the sources are cited in quantflow/quantization/device_rules.py,
+(docs/how-it-works.md "What runs on the device"; the sources are cited in quantflow/quantization/device_rules.py,
 quantflow/ops/quant.py, quantflow/ops/nn.py and quantflow/backends/).  Each check raises AssertionError naming
 the node and the rule it breaks."""
 from __future__ import annotations

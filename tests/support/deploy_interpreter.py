@@ -74,7 +74,7 @@ def _float_node(node, inputs: list[np.ndarray], constant: list[bool], opset: int
     """One float node alone in onnxruntime (``inputs``: its non-empty inputs, in order; ``constant``: which of them
     are the deploy graph's initializers, given to onnxruntime as initializers too).  onnxruntime's optimizations
     run as in the emulation: a float convolution (a layer CANN rolls back) then takes the same kernel, hence the
-    same float32 accumulation order (the device's own order is not known: README, what is assumed)."""
+    same float32 accumulation order (the device's own order is not known: docs/device-arithmetic.md)."""
     import onnxruntime as ort
 
     names = [f"in{i}" for i in range(len(inputs))]
