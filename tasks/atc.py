@@ -76,6 +76,13 @@ def _uptodate(b) -> bool:
     return recorded.get("atc") == (str(atc) if atc else None)
 
 
+def _atc_identity() -> str | None:
+    """Which atc converts (its path; None without CANN), in the key: a runner without CANN and an Ascend host do not
+    share an entry through the artifact cache, so a skip never stands in for an .om."""
+    atc = find_atc()
+    return str(atc) if atc else None
+
+
 def _summary(b) -> dict:
     atc = json.loads((b.dir("atc") / ATC_JSON).read_text())
     return {"om": str(b.dir("atc") / atc["om"]) if atc.get("om") else None,
@@ -86,5 +93,5 @@ STAGE = Stage(
     name="atc", doc="atc conversion to an .om for build.soc_version (a reported skip without CANN)",
     run=lambda b: atc_stage(b.cfg, b.dir("atc"), b.dir("export"), b.dir("aipp")), needs=("export", "aipp"),
     key_inputs=lambda b: {"build": b.cfg.model_dump(mode="json")["build"], "input_name": b.cfg.model.input_name,
-                          "input_shape": list(b.cfg.model.input_shape)},
+                          "input_shape": list(b.cfg.model.input_shape), "atc": _atc_identity()},
     outputs=(ATC_JSON,), uptodate=_uptodate, summary=_summary)

@@ -3,6 +3,7 @@
     quantflow build [CONFIG ...] [STAGE ...] [-j N] [--always] [--baseline PATH] [--cache URL | --no-cache]
                     [--ray ADDRESS]
     quantflow compare A B
+    quantflow cache (ls | verify | prune [--older-than DAYS] [--max-size SIZE]) [CONFIG] [--cache URL]
     quantflow init (--onnx FILE | --mindir FILE | --entry MOD:FN --checkpoint FILE) [--calib DIR] [--eval DIR] [-o FILE]
     quantflow list [CONFIG]
     quantflow report [CONFIG]
@@ -82,16 +83,6 @@ def _build_apart(config: Path, tasks: list[str], always: bool, cache) -> tuple[i
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def _check_output_dirs(configs: list[Path]) -> None:
-    seen: dict[Path, Path] = {}
-    for c in configs:
-        out = load_config(c).out.resolve()
-        if out in seen:
-            raise QuantflowError(f"{seen[out]} and {c} both build into {out}: give them different build.output_dir "
-                                 f"to build them together")
-        seen[out] = c
-
-
 def build(configs: list[Path], jobs: int, tasks: list[str], always: bool, cache=None, ray: str | None = None,
           baseline: Path | None = None) -> int:
     """Build every config; the worst exit code.  ``cache``: a URL, False (none) or None ($QUANTFLOW_CACHE, else
@@ -100,13 +91,13 @@ def build(configs: list[Path], jobs: int, tasks: list[str], always: bool, cache=
     task of that Ray cluster (quantflow.pipeline.farm)."""
     if jobs < 1:
         raise QuantflowError(f"-j must be at least 1, got {jobs}")
+    from ..pipeline.farm import build_on_ray, check_output_dirs
+
     if ray is not None:
-        from ..pipeline.farm import build_on_ray
-        _check_output_dirs(configs)
         return build_on_ray(configs, ray, cache, tasks, always, baseline)
     if len(configs) == 1:
         return _build_here(configs[0], tasks, always, cache)
-    _check_output_dirs(configs)
+    check_output_dirs(configs)
     worst = 0
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         for config, (code, text) in zip(configs, pool.map(lambda c: _build_apart(c, tasks, always, cache), configs)):
@@ -240,6 +231,8 @@ def _parser() -> argparse.ArgumentParser:
     i = sub.add_parser("init", help="write a commented quantflow.toml for your model")
     add_arguments(i)
     i.add_argument("--data", dest="calib", type=Path, default=argparse.SUPPRESS, help="the same as --calib")
+    from .cache import add_arguments as cache_arguments
+    cache_arguments(sub.add_parser("cache", help="the shared artifact cache: ls, verify, prune"))
     for name, text in (("list", "the stages, their state and artifact folders"), ("report", "the last build's report")):
         p = sub.add_parser(name, help=text)
         p.add_argument("config", nargs="?", type=Path, default=Path(DEFAULT_CONFIG_NAME))
@@ -289,6 +282,9 @@ def main(argv=None) -> int:
             return dump(a.config, a.output, a.image)
         if a.command == "compare":
             return compare(a.a, a.b)
+        if a.command == "cache":
+            from .cache import run as cache_command
+            return cache_command(a)
         return list_stages(a.config) if a.command == "list" else report(a.config)
     except (QuantflowError, OSError) as err:
         if not getattr(err, "printed", False):   # a stage's error the build's own output has already said

@@ -91,7 +91,8 @@ def _ray(fn, shared, shards: list, engine, local_threads: int) -> list:
     local = engine.ray_address == "local"
     if not ray.is_initialized():
         if local:
-            ray.init(num_cpus=engine.workers, include_dashboard=False, log_to_driver=False)
+            # address="local": a new runtime here, never a `ray start` cluster this machine may already run
+            ray.init(address="local", num_cpus=engine.workers, include_dashboard=False, log_to_driver=False)
         else:
             ray.init(address=engine.ray_address, log_to_driver=False)
     # a task holds one of Ray's CPUs: on a cluster, one core; on this machine, its share of the cores

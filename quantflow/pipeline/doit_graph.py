@@ -8,7 +8,9 @@ runs it::
 
 One ``task_<stage>`` per stage.  Unkeyed stages are tracked by doit (their file dependencies, targets and
 ``config_changed`` state); keyed stages are created once ``sample`` has run (their keys hash its manifest) and
-are up to date exactly when their outputs and completion marker exist under their current key.
+are up to date exactly when their outputs and completion marker exist under their current key.  With an
+artifact cache (quantflow.pipeline.cache), a keyed stage that is not up to date is first pulled from it under its
+key (its work skipped) and, once completed here, pushed to it.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from doit import create_after, get_var
 from doit.exceptions import TaskError, TaskFailed
 from doit.tools import config_changed
 
-from ..config import DEFAULT_CONFIG_NAME
+from ..config import DEFAULT_CONFIG_NAME, QuantflowConfig
 from ..errors import ConfigError, QuantflowError
 from ..tasks import STAGES
 from ..tasks.sample import STAGE as SAMPLE
@@ -42,10 +44,12 @@ def config_file() -> Path:
     return Path(get_var("config", None) or os.environ.get("QUANTFLOW_CONFIG") or DEFAULT_CONFIG_NAME)
 
 
-def namespace(config: Path | str) -> dict:
-    """The task graph for one configuration file, as doit's ModuleTaskLoader takes it: the task_* creators and
-    DOIT_CONFIG.  Binds this process's build to ``config``."""
-    _bound["build"] = open_build(Path(config))
+def namespace(config, cache=None) -> dict:
+    """The task graph for one configuration (a file, or a configuration already loaded), as doit's
+    ModuleTaskLoader takes it: the task_* creators and DOIT_CONFIG.  Binds this process's build to ``config``, with
+    the artifact cache ``cache`` (a URL; False: none; None: $QUANTFLOW_CACHE, else the configuration's ``[cache]
+    url``)."""
+    _bound["build"] = open_build(config if isinstance(config, QuantflowConfig) else Path(config), cache)
     return {**{name: globals()[name] for name in __all__}, "DOIT_CONFIG": doit_config()}
 
 
@@ -79,13 +83,17 @@ def config_error_line(b: Build, err: ConfigError) -> str:
 def _action(stage):
     """The stage's run as a doit python-action: a QuantflowError is a clean task failure; a ConfigError (a setting
     or a file the configuration names is wrong) is one line naming the configuration file and the field, and doit
-    exits 2 (a task error) as for a bad configuration; a keyed stage's completion marker is its last write.  The error
-is kept on the build (``Build.failure``) for the Python API to raise."""
+    exits 2 (a task error) as for a bad configuration; a keyed stage is pulled from the artifact cache instead of run
+    where it holds it, its completion marker is its last write, and it is then pushed to the cache.  The error is
+    kept on the build (``Build.failure``) for the Python API to raise."""
     @functools.wraps(stage.run)
     def action():
         b = build()
+        pulled = False
         try:
-            stage.run(b)
+            pulled = b.pull(stage)
+            if not pulled:
+                stage.run(b)
         except ConfigError as err:
             b.failure = err   # what the Python API (quantflow.api) raises once doit has stopped
             print(config_error_line(b, err), file=sys.stderr, flush=True)
@@ -95,6 +103,8 @@ is kept on the build (``Build.failure``) for the Python API to raise."""
             return TaskFailed(f"{type(err).__name__}: {err}")
         if stage.keyed:
             b.mark_done(stage.name)
+            if not pulled:
+                b.push(stage)
         return None
     return action
 

@@ -2,12 +2,15 @@
 hashes that stage's own inputs (its ``key_inputs``: configuration sections, content hashes of the files it
 reads), the keys of the keyed stages it needs, and the tool versions (quantflow's own installed source
 included).  A stage whose completion marker exists under its key has nothing to do; a change reruns exactly the
-stages that depend on it, and changing it back finds the old artifacts again."""
+stages that depend on it, and changing it back finds the old artifacts again.  Nothing a key hashes depends on
+where the project sits (``portable``): clones in different folders, on different machines, give the same keys,
+which is what lets them share artifacts (``quantflow.pipeline.cache``)."""
 from __future__ import annotations
 
 import functools
 import hashlib
 import json
+import os
 import platform
 from importlib import metadata
 from pathlib import Path
@@ -44,3 +47,19 @@ def artifact_key(inputs: dict) -> str:
 
 def artifact_dir(out: Path, stage: str, key: str) -> Path:
     return Path(out) / "artifacts" / stage / key
+
+
+def portable(data, root: Path):
+    """``data`` (JSON-like) with every absolute path in it made relative to ``root`` (``..`` allowed), so that what
+    a key hashes does not depend on where the project sits: two clones in different folders give the same keys."""
+    if isinstance(data, dict):
+        return {k: portable(v, root) for k, v in data.items()}
+    if isinstance(data, list):
+        return [portable(v, root) for v in data]
+    if isinstance(data, str) and os.path.isabs(data):
+        return Path(os.path.relpath(data, Path(root).resolve())).as_posix()
+    return data
+
+
+def json_digest(data) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
