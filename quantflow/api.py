@@ -140,7 +140,7 @@ def build(config: Union[str, os.PathLike, QuantflowConfig] = DEFAULT_CONFIG_NAME
         locate(Path(baseline), "baseline")
         os.environ[BASELINE_ENV] = str(Path(baseline).resolve())
     try:
-        tasks = doit_graph.namespace(config, cache=cache) if cache is not None else doit_graph.namespace(config)
+        tasks = doit_graph.namespace(config, cache=cache)
         b = doit_graph.build()
         code = _run_doit(tasks, b, stages, rerun)
     finally:
@@ -175,6 +175,7 @@ def _run_doit(tasks: dict, b, stages: list[str], rerun: set[str]) -> int:
         # doit's own default output stream is the sys.stdout of the moment doit was imported: give it this one
         return DoitMain(ModuleTaskLoader(tasks), extra_config={"GLOBAL": {"outfile": sys.stdout}}).run(list(args))
 
+    b.rebuild = set(rerun)   # run again, not pulled from the artifact cache
     if rerun >= set(DEFAULT_TASKS):
         return doit("run", "--always-execute", *stages)
     for name in sorted(rerun):
@@ -280,16 +281,12 @@ def quantize(model: Union[str, os.PathLike], calibration: Union[str, os.PathLike
 
 def _init_data(out: Path, calib: Path, evaluation: Path, input_shape, source: dict) -> dict:
     """The configuration ``quantflow init`` writes for these files (paths relative to ``out``), as data."""
-    from types import SimpleNamespace
-
-    from .cli.init import write_config
+    from .scaffold import write
 
     tmp = out / f".{DEFAULT_CONFIG_NAME}.init-{os.getpid()}"
     tmp.unlink(missing_ok=True)
-    args = SimpleNamespace(**{"onnx": None, "mindir": None, "entry": None, "checkpoint": None, **source},
-                           calib=calib, eval=evaluation, input_shape=input_shape, output=tmp)
     try:
-        write_config(args)
+        write(tmp, calib=calib, eval=evaluation, input_shape=input_shape, **source)
         return _read_toml(tmp)
     finally:
         tmp.unlink(missing_ok=True)

@@ -493,12 +493,21 @@ class RetrainSection(_Section):
         default=None, description="mode = 'labels': 'module:callable(config, network) -> loss(step)', loss(step) the "
                                   "network's loss (a MindSpore scalar) on your labelled batch of that step")
     steps: int = Field(default=200, gt=0, description="optimizer steps (Adam)")
-    lr: float = Field(default=1e-3, gt=0.0, description="learning rate in units of each output channel's INT8 weight "
+    lr: float = Field(default=0.03, gt=0.0, description="learning rate in units of each output channel's INT8 weight "
                                                          "step (Adam moves a weight by about lr steps at a time; "
-                                                         "cosine decay to a tenth over the steps)")
+                                                         "cosine decay to a tenth over the steps). 0.03: over the "
+                                                         "200 default steps a weight can move a few grid steps, as "
+                                                         "far as rounding and clipping errors reach, each step a "
+                                                         "small part of one; at 1e-3 it moves a tenth of a step in "
+                                                         "all and the training changes next to nothing")
     batch_size: int = Field(default=32, gt=0, description="distill: calibration images per step")
-    variants: int = Field(default=0, ge=0, description="distill: seeded label-free variants of each calibration image "
-                                                       "(shifted, contrast changed) added to the images it learns from")
+    variants: int = Field(default=4, ge=0, description="distill: seeded label-free variants of each calibration image "
+                                                       "(shifted, contrast changed) added to the images it learns from, "
+                                                       "the teacher labelling each: 5x the images against learning "
+                                                       "the calibration images' outputs instead of the network's "
+                                                       "function. Left unset, fewer where the variants and the "
+                                                       "teacher's outputs of them would take more than 1 GiB "
+                                                       "(large inputs or outputs); 0: none")
     seed: int = Field(default=0, ge=0, description="the order of the images and MindSpore's seed")
     validation: float = Field(
         default=0.2, ge=0.0, lt=1.0, description="distill: the fraction of the calibration images held out of the "
@@ -511,12 +520,19 @@ class RetrainSection(_Section):
                                                            "them) the retrained parameters are measured on the "
                                                            "validation images, so an overfitting run keeps its best "
                                                            "point")
-    learn_ranges: bool = Field(default=False, description="learn the activation ranges (AscendQuant's scale and "
-                                                          "offset) too; false: frozen at the calibrated ones")
-    learn_scales: bool = Field(default=False, description="learn a scale per channel between two INT8 convolutions "
-                                                          "(the first's output channel times s, the second's input "
-                                                          "channel divided by it): moves range between the channels "
-                                                          "of a tensor INT8 quantizes with one scale")
+    learn_ranges: bool = Field(default=True, description="learn the activation ranges (AscendQuant's scale and "
+                                                         "offset) too, as LSQ and PACT learn the clipping: the range "
+                                                         "a calibration method chose (a clip, or a range too wide for "
+                                                         "the narrow channels) is what the weights then adapt to; "
+                                                         "false: frozen at the calibrated ones")
+    learn_scales: bool = Field(default=True, description="learn a scale per channel between two INT8 convolutions "
+                                                         "(the first's output channel times s, the second's input "
+                                                         "channel divided by it): moves range between the channels "
+                                                         "of a tensor INT8 quantizes with one scale, which the "
+                                                         "straight-through gradient of the weights alone does not "
+                                                         "see; exact on the float network, kept only where it lowers "
+                                                         "the loss on the validation images, so on by default; "
+                                                         "networks without such pairs are unchanged")
     scales_init: Literal["equalize", "one"] = Field(
         default="equalize", description="learn_scales: where the channel scales start: 'equalize', cross-layer "
                                          "equalization's closed form on the calibration images where it is exact (the "

@@ -1,4 +1,5 @@
-"""``quantflow init``: a commented quantflow.toml for the user's model.
+"""The commented quantflow.toml ``quantflow init`` (quantflow.cli.init) and ``quantflow.quantize`` (quantflow.api)
+write for the user's model.
 
 What can be read off the files is filled in: the input name; the input shape, from the model file where it is
 fixed there, its dynamic height and width (and batch 1) from the calibration images (or ``--input-shape``); then
@@ -13,19 +14,18 @@ with ``load_config``; an existing file is never overwritten.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import re
 from pathlib import Path
 from types import SimpleNamespace
 
-from ..config import DEFAULT_CONFIG_NAME, load_config
-from ..errors import ConfigError, DataError
-from ..evaluation.parts import parts_toml
+from .config import load_config
+from .errors import ConfigError, DataError
+from .evaluation.parts import parts_toml
 
 TEMPLATE = """# quantflow configuration (written by `quantflow init`). Paths are relative to this file.
-# Every key: README.md, "Configuration". Lines marked EDIT hold defaults only you can check.
+# Every key: docs/configuration.md. Lines marked EDIT hold defaults only you can check.
 
 [model]
 {source}
@@ -94,7 +94,7 @@ data_dir = "{{eval}}"       # held-out images, directly in it or in sub-folders 
 def _head(runs: list[list], names: list[str] | None, shape: list[int], images: int):
     """``heads.recognise`` on every run (each a batch of calibration images): the head all of them show, or the
     outputs gate when they disagree (a value test that holds on some images only)."""
-    from ..evaluation.heads import Head, recognise
+    from .evaluation.heads import Head, recognise
 
     names = names or [f"output{k}" for k in range(len(runs[0]))]
     found = [recognise(dict(zip(names, outs)), shape) for outs in runs]
@@ -123,7 +123,7 @@ def _evaluation_lines(head, classifier: bool) -> str:
         said += "# the calibration folder holds no per-class folders, so no top-1 gate: the outputs gate\n"
     if head is None or head.metric in ("top1", "outputs"):
         return said + EVALUATION_OUTPUTS
-    from ..evaluation.task import TaskMetric
+    from .evaluation.task import TaskMetric
 
     metric = TaskMetric(head.metric, head.options)
     try:
@@ -142,30 +142,6 @@ def _evaluation_lines(head, classifier: bool) -> str:
                                          options=options).rstrip("\n")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--onnx", type=Path, help="the trained network as ONNX")
-    src.add_argument("--mindir", type=Path, help="the trained network as MindIR")
-    src.add_argument("--entry", help="'package.module:callable' building the MindSpore network (with --checkpoint)")
-    p.add_argument("--checkpoint", type=Path, help="the MindSpore checkpoint, with --entry")
-    p.add_argument("--calib", type=Path, default=Path("calib_data"), help="calibration images (per-class folders)")
-    p.add_argument("--eval", type=Path, default=Path("eval_data"), help="held-out images (per-class folders)")
-    p.add_argument("--input-shape", type=_shape_arg, metavar="N,C,H,W",
-                   help="the input shape to build for (default: the model file's, its dynamic height and width "
-                        "from the calibration images)")
-    p.add_argument("-o", "--output", type=Path, default=Path(DEFAULT_CONFIG_NAME))
-
-
-def _shape_arg(text: str) -> list[int]:
-    try:
-        dims = [int(d) for d in text.replace("x", ",").split(",")]
-    except ValueError:
-        dims = []
-    if len(dims) != 4 or min(dims) < 1 or dims[1] not in (1, 3):
-        raise argparse.ArgumentTypeError(f"expected N,C,H,W with C 1 or 3, e.g. 1,3,224,224 (got {text!r})")
-    return dims
-
-
 # ----------------------------------------------------------------------------- what the files say
 
 def _declared_input(a) -> tuple[list | None, str | None]:
@@ -174,7 +150,7 @@ def _declared_input(a) -> tuple[list | None, str | None]:
         import onnx
         if not a.onnx.is_file():
             raise ConfigError(f"--onnx: file not found: {a.onnx}")
-        from ..frontends.onnx_model import refuse_quantized
+        from .frontends.onnx_model import refuse_quantized
         try:
             model = onnx.load(str(a.onnx), load_external_data=False)
         except Exception as err:  # protobuf's DecodeError
@@ -198,7 +174,7 @@ def _declared_input(a) -> tuple[list | None, str | None]:
 
 @functools.lru_cache(maxsize=1)
 def _mindir_graph(path: Path):
-    from ..frontends.mindir import read_mindir
+    from .frontends.mindir import read_mindir
     return read_mindir(path)
 
 
@@ -206,7 +182,7 @@ def _image_shape(folder: Path) -> tuple[int, int, int] | None:
     """(channels, height, width) of the first readable image in the folder (or its sub-folders)."""
     import cv2
 
-    from ..data.images import scan_image_groups
+    from .data.images import scan_image_groups
     try:
         items = scan_image_groups(folder)
     except DataError:
@@ -258,7 +234,7 @@ def _probe_inputs(a, shape: list[int]) -> tuple[list, int]:
     zeros when none is readable at that size."""
     import numpy as np
 
-    from ..data.images import check_image, preprocess, scan_image_groups
+    from .data.images import check_image, preprocess, scan_image_groups
     images = []
     try:
         items = scan_image_groups(a.calib)
@@ -299,7 +275,7 @@ def _run_outputs(a, shape: list[int], classes: int | None) -> tuple[list[list] |
         if a.mindir is not None:
             g = _mindir_graph(a.mindir)
             try:
-                from ..engine.runner import float_runner
+                from .engine.runner import float_runner
                 runner = float_runner(g)
                 return [[runner.run(x)[o] for o in g.outputs] for x in batches], images, ""
             except Exception:  # the IR cannot run it here: its shapes only (zeros: no value test will hold)
@@ -324,7 +300,7 @@ def _output_names(a) -> list[str] | None:
 def _entry_outputs(a, x, classes: int | None) -> list:
     import mindspore as ms
 
-    from ..frontends.network import build_network
+    from .frontends.network import build_network
 
     base = Path.cwd()
     model = SimpleNamespace(entry=a.entry, num_classes=classes or 1000, checkpoint=a.checkpoint)
@@ -336,7 +312,7 @@ def _entry_outputs(a, x, classes: int | None) -> list:
 
 def _image_count(folder: Path, labelled: bool) -> int | None:
     """How many images the calibration folder holds (per-class folders, or an unlabelled folder), if readable."""
-    from ..data.images import scan_class_folders, scan_image_groups
+    from .data.images import scan_class_folders, scan_image_groups
 
     try:
         return len(scan_class_folders(folder) if labelled else scan_image_groups(folder))
@@ -360,7 +336,20 @@ def _rel(path: Path, base: Path) -> str:
 
 # ----------------------------------------------------------------------------- the config
 
-def write_config(a) -> Path:
+def write(output: Path, *, calib: Path, eval: Path, onnx: Path | None = None, mindir: Path | None = None,
+          entry: str | None = None, checkpoint: Path | None = None,
+          input_shape: list[int] | None = None) -> tuple[Path, list[str]]:
+    """``write_config`` by keyword: the model (``onnx``, ``mindir``, or ``entry`` with ``checkpoint``) and the image
+    folders."""
+    return write_config(SimpleNamespace(onnx=onnx, mindir=mindir, entry=entry, checkpoint=checkpoint, calib=calib,
+                                        eval=eval, input_shape=input_shape, output=Path(output)))
+
+
+def write_config(a) -> tuple[Path, list[str]]:
+    """The configuration for ``a`` (``quantflow init``'s arguments: onnx / mindir / entry + checkpoint, calib, eval,
+    input_shape, output) written to ``a.output``, which must not exist; (that file, the lines saying whether the
+    held-out images can decide each gated figure: ``tasks.preflight.gate_power``, also written into the file as
+    a comment).  A ConfigError where no valid configuration can be written for these files."""
     out: Path = a.output
     if out.exists():
         raise ConfigError(f"{out} exists; quantflow init does not overwrite it (give -o another name)")
@@ -417,11 +406,35 @@ def write_config(a) -> Path:
     tmp = out.with_name(out.name + ".partial")
     tmp.write_text(text)
     try:
-        load_config(tmp)
+        cfg = load_config(tmp)
     except ConfigError as err:
         tmp.unlink()
         lines = [re.sub(r" \(got \{.*\}\)$", "", line) for line in str(err).splitlines()[1:]]   # no whole-config dump
         raise ConfigError("quantflow init could not write a valid config for these files:\n"
                           + "\n".join(lines)) from None
+    said = _power_lines(cfg)
+    if said:
+        tmp.write_text(text.replace("# batch_size = 64\n", "# batch_size = 64\n" + _power_comment(said), 1))
     tmp.replace(out)
-    return out
+    return out, said
+
+
+def _power_lines(cfg) -> list[str]:
+    """Whether the held-out images can decide each gated figure (``tasks.preflight.gate_power``, as the build's
+    preflight says it); none where the folder cannot be read yet (the build names the problem)."""
+    from .errors import QuantflowError
+    from .tasks.preflight import gate_power
+
+    try:
+        return gate_power(cfg)["lines"]
+    except QuantflowError:
+        return []
+
+
+def _power_comment(lines: list[str]) -> str:
+    import textwrap
+
+    out = ["# The gate's power on these held-out images (quantflow init; preflight says it again at each build):"]
+    for line in lines:
+        out += textwrap.wrap(line, 114, initial_indent="# - ", subsequent_indent="#   ")
+    return "\n".join(out) + "\n"

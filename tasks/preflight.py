@@ -8,7 +8,10 @@
 - the data: the calibration and evaluation folders hold class folders (or, for the outputs gate, any
   folders) of readable images of the model's size;
 - the preprocessing: the declared normalization is plausible and the AIPP config reproduces it on a few
-  calibration images (the full check runs again in the aipp stage).
+  calibration images (the full check runs again in the aipp stage);
+- the gate's power: for each gated figure, the images the gate will judge (after the automatic fallback's
+  tuning images are set apart) against the least number at which a PASS is reachable
+  (``quantflow.evaluation.power``), with a WARNING, not a failure, where they are too few.
 """
 from __future__ import annotations
 
@@ -83,6 +86,25 @@ def _first_images(data_dir: Path, classes: int | None, per_class: int) -> list:
     return picked
 
 
+def gate_power(cfg) -> dict:
+    """The gate's images and, per gated figure, ``power.Reach``'s estimate on them (``reaches``: records) and its
+    line (``lines``): what the gate can decide, said before the long work."""
+    import numpy as np
+
+    from quantflow.evaluation import power
+
+    from .fallback import tuning_and_gate_sets
+    from .inputs import evaluation_set
+
+    tune, judge, source = tuning_and_gate_sets(cfg)
+    folder = len(evaluation_set(cfg))   # evaluation.data_dir, of which the gate may judge a part
+    counts = np.unique(judge.labels, return_counts=True)[1] if len(judge) else np.zeros(0, int)
+    reaches = power.gated(cfg, len(judge), int(counts.min()) if len(counts) else None)
+    return {"gate_images": len(judge), "folder_images": folder, "tuning_images": 0 if tune is None else len(tune),
+            "tuning_source": source, "reaches": [r.record() for r in reaches],
+            "lines": [power.line(r, folder) for r in reaches]}
+
+
 def preflight(cfg) -> dict:
     """Run every cheap check; raises the first problem as a QuantflowError naming the field or file."""
     from .aipp import build_and_verify
@@ -111,7 +133,7 @@ def preflight(cfg) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         aipp = build_and_verify(cfg, sample, Path(tmp) / "aipp.cfg")
     return {"network_output": list(outputs[0]), "network_outputs": [list(o) for o in outputs], "images_checked": checked, "aipp_images": aipp["images"],
-            "aipp_max_abs_diff": aipp["max_abs_diff"]}
+            "aipp_max_abs_diff": aipp["max_abs_diff"], "power": gate_power(cfg)}
 
 
 def module_file(entry: str) -> list[str]:
@@ -129,6 +151,13 @@ def _run(b) -> None:
     print(f"preflight: network output{'s' if len(outs) > 1 else ''} {', '.join(map(str, outs))}, images readable "
           f"({', '.join(f'{k}: {v} checked' for k, v in r['images_checked'].items())}), AIPP reproduces the "
           f"training preprocessing on {r['aipp_images']} images (largest |diff| {r['aipp_max_abs_diff']:.2e})")
+    p = r["power"]
+    if p["tuning_source"]:
+        print(f"preflight: the gate judges {p['gate_images']} of the {p['folder_images']} images of "
+              f"evaluation.data_dir; the automatic fallback tunes on {p['tuning_images']} others "
+              f"({p['tuning_source']})")
+    for line in p["lines"]:
+        print(f"preflight: the gate's power: {line}")
 
 
 def _key_inputs(b) -> dict:

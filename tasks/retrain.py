@@ -3,18 +3,18 @@ device's arithmetic (``quantflow.quantization.qat``, ``quantflow.quantization.re
 as calibration's output: the learned weights (and ranges) quantized by the scheme into ``qparams``, which the
 per-layer analysis, the fallback, the deploy graphs and the gate take from here (``inputs.parameters_dir``).
 
-It starts from the parameters of the last parameter stage before it (``inputs.PARAMETER_STAGES``).  In
-``distill`` mode ``retrain.validation`` of the calibration images are held out of the training (the rest and their
-``retrain.variants`` are learned from); in ``labels`` mode the user's batches are learned from and every
-calibration image is a validation image.  Its record ``retrain.json``: the settings, the loss of every step, the
-time, where MindSpore trained, the images (``images``, ``validation_images``, ``variants``), and the distillation
-loss of the INT8 network on the validation images (on the images learned from where ``validation`` is 0) as the
-emulator computes it before (``emulated_loss.before``), at the equalized start of ``learn_scales`` with
-``scales_init = "equalize"`` (``initial_scales``: the pairs rescaled, the chains left alone, its emulated loss),
-at each of ``retrain.checkpoints`` (``checkpoints``: step and loss) and at the best of them (``.retrained``,
-``retrained_step``).  What it started from is kept unless the equalized start, and then the retrained parameters,
-lower the loss beyond the sampling spread of the judged images (``choose``: a paired bootstrap, as the gate's
-intervals; ``gains``); ``kept``: "retrained", "equalized" or "started from".
+It starts from the parameters of the last parameter stage before it (``inputs.PARAMETER_STAGES``).  In ``distill``
+mode ``retrain.validation`` of the calibration images are held out of the training (the rest and their
+``retrain.variants`` are learned from; the default fewer where they would not fit in memory: ``variant_copies``); in
+``labels`` mode the user's batches are learned from and every calibration image is a validation image.  Its record
+``retrain.json``: the settings, the loss of every step, the time, where MindSpore trained, the images (``images``,
+``validation_images``, ``variants``), and the distillation loss of the INT8 network on the validation images (on the
+images learned from where ``validation`` is 0) as the emulator computes it before (``emulated_loss.before``), at the
+equalized start of ``learn_scales`` with ``scales_init = "equalize"`` (``initial_scales``: the pairs rescaled, the
+chains left alone, its emulated loss), at each of ``retrain.checkpoints`` (``checkpoints``: step and loss) and at
+the best of them (``.retrained``, ``retrained_step``).  What it started from is kept unless the equalized start, and
+then the retrained parameters, lower the loss beyond the sampling spread of the judged images (``choose``: a paired
+bootstrap, as the gate's intervals; ``gains``); ``kept``: "retrained", "equalized" or "started from".
 ``retrained.ckpt``: the learned float weights and biases of the INT8 ops (BatchNorm folded: ``<node>.weight`` /
 ``<node>.bias``) and the ranges (``<tensor>.range``), as a MindSpore checkpoint; ``network/``: the fake-quant
 network's generated source.
@@ -38,6 +38,19 @@ from .stage import Stage
 
 NAME = "retrain"
 RETRAIN_JSON, RETRAINED_CKPT = "retrain.json", "retrained.ckpt"
+# retrain.variants left unset: at most as many copies as keep the variants and the teacher's outputs of them (float32,
+# held in memory for the whole training) within this; 4 copies of 160 MobileNet-digits images take 8 MB, of 400
+# 640x640 detector images 20 GB
+VARIANTS_BYTES = 2 ** 30
+
+
+def variant_copies(r, learned: int, graph) -> int:
+    """The variants of each calibration image learned from: ``retrain.variants`` as given, else its default capped
+    so that the ``learned`` images' variants and their teacher outputs take at most ``VARIANTS_BYTES``."""
+    if "variants" in r.model_fields_set:
+        return r.variants
+    per_image = 4 * sum(int(np.prod(graph.shape(t)[1:])) for t in [graph.inputs[0], *graph.outputs])
+    return max(0, min(r.variants, VARIANTS_BYTES // max(1, per_image * learned)))
 
 
 def _loss(cfg, graph, images: np.ndarray):
@@ -69,7 +82,7 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
             held, learn = validation_split(len(calibration), r.validation, r.seed)
         except ValueError as err:
             raise ConfigError(f"retrain.validation = {r.validation}: {err}") from None
-        images = variants(calibration[learn], r.variants, r.seed)
+        images = variants(calibration[learn], variant_copies(r, len(learn), graph), r.seed)
         judged = calibration[held] if len(held) else images
     else:
         images = judged = calibration
@@ -100,6 +113,8 @@ def retrain_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, calibratio
                    + [f"channel scales of {len(net.pairs)} pair(s)"] * r.learn_scales)
         print(f"retraining {len(qp.ops)} INT8 ops ({r.mode}, {r.steps} steps, lr {r.lr}, {', '.join(learned)}"
               f"{'' if r.learn_ranges else '; ranges frozen'}) on {r.device_target}"
+              + (f"; learning from {len(learn)} calibration images and {len(images) - len(learn)} variants"
+                 if r.mode == "distill" and len(images) > len(learn) else "")
               + (f"; measured on {len(judged)} validation images at {r.checkpoints} checkpoint(s)"
                  if validated else ""))
         checkpoints, best = [], {}

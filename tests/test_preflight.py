@@ -66,3 +66,37 @@ def test_a_wrong_sized_evaluation_image_is_named(demo_cfg, tmp_path):
     cv2.imwrite(str(first), np.zeros((48, 48, 3), np.uint8))
     with pytest.raises(DataError, match=rf"evaluation.data_dir: wrong size 48x48 \(expected 32x32\): .*{first.name}"):
         preflight(variant(demo_cfg, evaluation={"data_dir": str(tmp_path / "eval")}))
+
+
+def test_it_states_the_images_the_gate_needs(demo_cfg):
+    from quantflow.evaluation.power import drop_needed, max_net_lost
+    from quantflow.tasks.fallback import tuning_and_gate_sets
+    from quantflow.tasks.preflight import gate_power
+
+    p = preflight(demo_cfg)["power"]
+    (top1,) = p["reaches"]
+    # the demo gates on every held-out image (no fallback): 1 point on 359 images
+    assert p["gate_images"] == p["folder_images"] == top1["images"] and p["tuning_images"] == 0
+    assert top1["needed"] == drop_needed(0.01, 0.95) and top1["max_net_lost"] == max_net_lost(top1["images"], 0.01,
+                                                                                               0.95)
+    assert top1["reachable"] == (top1["images"] >= top1["needed"])
+    # with the automatic fallback: estimated on the images the gate judges beside the tuning images
+    auto_cfg = variant(demo_cfg, quantization={"fallback": "auto"})
+    auto = gate_power(auto_cfg)
+    tune, judge, _ = tuning_and_gate_sets(auto_cfg)
+    (gated,) = auto["reaches"]
+    assert gated["images"] == auto["gate_images"] == len(judge) and auto["tuning_images"] == len(tune)
+    assert auto["folder_images"] == p["folder_images"] and gated["max_net_lost"] <= top1["max_net_lost"]
+    # a limit the images cannot decide is a WARNING, not a failure; a wide one is not
+    tight = gate_power(variant(demo_cfg, evaluation={"threshold": 0.002}))
+    assert tight["reaches"][0]["reachable"] is False and "WARNING" in tight["lines"][0]
+    wide = gate_power(variant(demo_cfg, evaluation={"threshold": 0.05}))
+    assert wide["reaches"][0]["reachable"] and "WARNING" not in wide["lines"][0]
+
+
+def test_a_class_limit_is_judged_on_the_smallest_class(demo_cfg):
+    from quantflow.tasks.preflight import gate_power
+
+    p = gate_power(variant(demo_cfg, evaluation={"max_class_drop": 0.05}))
+    drop, per_class = p["reaches"]
+    assert per_class["limit"] == 0.05 and per_class["images"] < drop["images"] / 5

@@ -59,11 +59,12 @@ def relative_error(cfg, graph_dir, qparams_dir, paths, variants: int = 0) -> flo
 
 
 def run_retrain(cfg, calibrated, out, **settings):
-    """The stage with ``settings``; ``validation`` 0 unless given, so that its losses are on the images it learns
-    from (the tests of the validation images give it)."""
+    """The stage with ``settings``; ``validation`` 0 and no ``variants`` unless given, so that its losses are on the
+    calibration images it learns from (the tests of the validation images and of the variants give them)."""
     from tasks.retrain import retrain_stage
 
     settings.setdefault("validation", 0.0)
+    settings.setdefault("variants", 0)
     graph_dir, calibrate_dir, paths = calibrated
     cfg = cfg.model_copy(update={"retrain": RetrainSection(**settings)})
     out.mkdir()
@@ -293,6 +294,36 @@ def test_the_retrain_section_is_checked():
     with pytest.raises(ValidationError, match="read only with"):
         RetrainSection(entry="m:f")
     assert RetrainSection().mode == "distill" and RetrainSection().device_target == "CPU"
+
+
+def test_a_bare_retrain_section_takes_the_defaults_that_carry_the_imbalanced_example(demo_cfg):
+    """``[retrain]`` with no key: what examples/mobilenet_v1_imbalanced/retrain.toml once had to set by hand (issue
+    36: the old defaults left it 55 points down), the keep rule judging on a fifth of the images as before."""
+    from quantflow.config import config_from_dict
+
+    d = demo_cfg.model_dump(mode="json")
+    r = config_from_dict({**d, "retrain": {}}, root=demo_cfg.root).retrain
+    assert (r.mode, r.steps, r.lr, r.batch_size, r.variants) == ("distill", 200, 0.03, 32, 4)
+    assert r.learn_ranges and r.learn_scales and r.scales_init == "equalize" and r.scales_lr == 0.03
+    assert (r.validation, r.checkpoints, r.seed) == (0.2, 5, 0)
+
+
+def test_default_variants_are_capped_by_memory_and_given_ones_are_not():
+    from types import SimpleNamespace
+
+    from tasks.retrain import VARIANTS_BYTES, variant_copies
+
+    def graph(image: int, outputs: int):
+        shapes = {"x": (1, 3, image, image), "y": (1, outputs)}
+        return SimpleNamespace(inputs=["x"], outputs=["y"], shape=shapes.__getitem__)
+
+    small, large = graph(32, 10), graph(640, 84 * 8400)
+    assert variant_copies(RetrainSection(), 160, small) == 4
+    assert variant_copies(RetrainSection(), 400, large) == 0   # 3 GB a copy
+    per_copy = 4 * (3 * 224 * 224 + 1000) * 400
+    assert variant_copies(RetrainSection(), 400, graph(224, 1000)) == min(4, VARIANTS_BYTES // per_copy)
+    assert variant_copies(RetrainSection(variants=4), 400, large) == 4   # as the user gives it
+    assert variant_copies(RetrainSection(variants=0), 160, small) == 0
 
 
 def test_without_a_retrain_section_the_stage_is_not_in_the_build(demo_cfg):
