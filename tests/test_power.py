@@ -24,6 +24,11 @@ def test_a_one_point_limit_on_181_images_passes_only_with_no_net_flip():
     reach = power.drop_reach("top-1 drop", 0.01, 181, 0.95)
     assert reach.max_net_lost == 0 and reach.needed > 181 and reach.reachable is False
     assert "WARNING" in power.line(reach, 359) and "no image" in power.line(reach, 359)
+    # the shipped 359 allow a net loss: short of the assumed flip rate's need is a note, not a warning (a network
+    # INT8 flips less passes on them)
+    shipped = power.drop_reach("top-1 drop", 0.01, 359, 0.95)
+    assert shipped.max_net_lost >= 1 and not shipped.reachable
+    assert "note:" in power.line(shipped) and "WARNING" not in power.line(shipped)
 
 
 @pytest.mark.parametrize("limit", [0.01, 0.02])
