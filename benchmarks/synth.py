@@ -13,8 +13,10 @@ a gradient: a generic detector's), ``faces`` and ``faces_held_out`` (``shapes`` 
 in, and patches of real non-face photographs: a person detector's; the faces are the 100 of Labeled Faces in the
 Wild that scikit-image's wheel ships as ``skimage/data/lfw_subset.npy``, 25 x 25 grey, tinted to skin tones and
 scaled up; ``faces`` draws from the first half of the faces and of the non-face patches, ``faces_held_out`` from the
-second, so calibration and held-out images share no face). Text is drawn with ``cv2.putText`` (Hershey fonts); the
-same seed gives the same images on any machine (NumPy's PCG64 and OpenCV's deterministic rasterizer).
+second, so calibration and held-out images share no face), ``captcha`` (a text captcha as the ``captcha`` package's
+``ImageCaptcha`` draws one, but seeded, in ``font_line``'s fonts: a captcha reader's). Text is drawn with
+``cv2.putText`` (Hershey fonts); the same seed gives the same images on any machine (NumPy's PCG64 and OpenCV's
+deterministic rasterizer).
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-KINDS = ("line", "upright_line", "font_line", "page", "page4", "layout", "shapes", "faces", "faces_held_out")
+KINDS = ("line", "upright_line", "font_line", "page", "page4", "layout", "shapes", "faces", "faces_held_out",
+         "captcha")
 FONTS = (cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_DUPLEX, cv2.FONT_HERSHEY_COMPLEX, cv2.FONT_HERSHEY_TRIPLEX,
          cv2.FONT_HERSHEY_PLAIN)
 CHARS = string.ascii_letters + string.digits + "    .,:-"
@@ -249,8 +252,77 @@ def faces_held_out(rng, h: int, w: int) -> np.ndarray:
     return _faces(rng, h, w, 1)
 
 
+CAPTCHA_CHARS = string.digits + string.ascii_letters
+CAPTCHA_FONT_SIZES = (42 / 60, 50 / 60, 56 / 60)   # ImageCaptcha's (42, 50, 56) at its 60-pixel height
+
+
+@functools.cache
+def _font(path: str, size: int):
+    from PIL import ImageFont
+    return ImageFont.truetype(path, size)
+
+
+def _captcha_glyph(rng, char: str, font, ink: tuple):
+    """One character as ImageCaptcha draws it: offset by up to (4, 6) pixels, cropped to its ink, rotated by up to
+    30 degrees either way, then warped by a random quadrilateral; an RGBA image."""
+    from PIL import Image, ImageDraw
+
+    _, _, w, h = ImageDraw.Draw(Image.new("RGBA", (1, 1))).textbbox((1, 1), char, font=font)
+    dx, dy = int(rng.integers(0, 5)), int(rng.integers(0, 7))
+    im = Image.new("RGBA", (int(w) + dx, int(h) + dy))
+    ImageDraw.Draw(im).text((dx, dy), char, font=font, fill=ink)
+    im = im.crop(im.getbbox())
+    im = im.rotate(float(rng.uniform(-30, 30)), Image.Resampling.BILINEAR, expand=True)
+    w, h = im.size
+    wx, wy = w * rng.uniform(0.1, 0.3), h * rng.uniform(0.2, 0.3)
+    x1, x2 = (int(v) for v in rng.uniform(-wx, wx, 2))
+    y1, y2 = (int(v) for v in rng.uniform(-wy, wy, 2))
+    w2, h2 = w + abs(x1) + abs(x2), h + abs(y1) + abs(y2)
+    quad = (x1, y1, -x1, h2 - y2, w2 + x2, h2 + y2, w2 - x2, -y1)
+    return im.resize((w2, h2)).transform((w, h), Image.Transform.QUAD, quad)
+
+
+def captcha(rng, h: int, w: int) -> np.ndarray:
+    """A text captcha in the manner of the ``captcha`` package's ``ImageCaptcha`` (0.7.1), the standard generator,
+    drawn from ``rng`` (ImageCaptcha draws from ``secrets``, which no seed repeats): 4 to 6 letters and digits, each
+    in one of the TrueType fonts ``font_line`` uses at 0.7-0.93 of the height, offset, rotated and warped
+    (``_captcha_glyph``), half of them after a gap, packed so that neighbours overlap and squeezed to the width
+    where they overflow it; on a light background (each channel 238-255) in one ink colour (10-200), with 30 noise
+    dots and an arc in the ink, then smoothed."""
+    from PIL import Image, ImageDraw, ImageFilter
+
+    fonts = _font_files()
+    bg = tuple(int(v) for v in rng.integers(238, 256, 3))
+    ink = tuple(int(v) for v in rng.integers(10, 201, 3)) + (int(rng.integers(220, 256)),)
+    text = "".join(rng.choice(list(CAPTCHA_CHARS), int(rng.integers(4, 7))))
+    glyphs = []
+    for c in text:
+        font = _font(str(fonts[int(rng.integers(len(fonts)))]),
+                     max(4, int(h * CAPTCHA_FONT_SIZES[int(rng.integers(len(CAPTCHA_FONT_SIZES)))])))
+        gap = rng.random() > 0.5   # ImageCaptcha's word space: a blank glyph before the character
+        glyphs.append((gap, _captcha_glyph(rng, c, font, ink)))
+    average = sum(g.size[0] for _, g in glyphs) // len(glyphs)
+    text_width = sum(g.size[0] + (average // 2 if gap else 0) for gap, g in glyphs)
+    image = Image.new("RGB", (max(text_width, w), h), bg)
+    offset = int(average * 0.1)
+    for gap, g in glyphs:
+        offset += average // 2 if gap else 0
+        image.paste(g, (offset, (h - g.size[1]) // 2), g)
+        offset += g.size[0] - int(rng.integers(0, int(0.25 * average) + 1))
+    image = image.resize((w, h)) if image.size[0] > w else image
+    draw = ImageDraw.Draw(image)
+    for x, y in zip(rng.integers(0, w + 1, 30), rng.integers(0, h + 1, 30)):
+        draw.line(((int(x), int(y)), (int(x) - 1, int(y) - 1)), fill=ink, width=3)
+    x1 = int(rng.integers(0, w // 5 + 1))
+    x2 = int(rng.integers(w // 5, w + 1))
+    y1 = int(rng.integers(h // 5, h - h // 5 + 1))
+    y2 = int(rng.integers(y1, max(y1, h - h // 5) + 1))
+    draw.arc((x1, y1, max(x1, x2), y2), int(rng.integers(0, 21)), int(rng.integers(160, 201)), fill=ink)
+    return np.asarray(image.filter(ImageFilter.SMOOTH))[..., ::-1].copy()
+
+
 DRAW = {"line": line, "upright_line": upright_line, "font_line": font_line, "page": page, "page4": page4,
-        "layout": layout, "shapes": shapes, "faces": faces, "faces_held_out": faces_held_out}
+        "layout": layout, "shapes": shapes, "faces": faces, "faces_held_out": faces_held_out, "captcha": captcha}
 
 
 def held_out(kind: str) -> str:

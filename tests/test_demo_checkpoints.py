@@ -21,7 +21,8 @@ from quantflow.pipeline.build import Build
 from quantflow.tasks import train as train_stage
 
 REPO = Path(__file__).resolve().parents[1]
-DEMOS = ["quantflow.toml", "examples/mobilenet_v2/quantflow.toml", "examples/mobilenet_v1_imbalanced/quantflow.toml"]
+DEMOS = ["quantflow.toml", "examples/mobilenet_v2/quantflow.toml", "examples/mobilenet_v1_imbalanced/quantflow.toml",
+         "examples/mobilenet_v3_small/quantflow.toml"]
 
 
 @pytest.mark.parametrize("config", DEMOS)
@@ -33,7 +34,7 @@ def test_each_demo_starts_from_its_shipped_checkpoint_and_trains_nothing(config)
     assert record["checkpoint_sha256"] == file_sha256(ckpt)
     # what trained it is what the configuration and the sources say now: the train stage is up to date (if this
     # fails, a demo's network, its training or its [train] settings changed: retrain it with `doit -a train`,
-    # commit the checkpoint and its record, and re-measure the README's figures)
+    # commit the checkpoint and its record, and re-measure the figures of README.md and docs/getting-started.md)
     assert train_stage.recorded(cfg) == record, json.dumps(train_stage.training_inputs(cfg), indent=1)
     assert train_stage.STAGE.status(Build(cfg))[0] == "up to date"
     assert 0.5 < record["metrics"]["heldout_top1"] <= 1.0 and record["trained_on"]["mindspore"]

@@ -191,3 +191,28 @@ def test_the_table_names_images_drawn_as_another_kind():
     own, faces = peers.format_table([{**row, "images": "shapes"}, {**row, "images": "faces"}]).splitlines()[2:4]
     assert own.startswith("| yolov8n_nudenet | o |") and faces.startswith("| yolov8n_nudenet (faces) | o |")
     assert faces.endswith("| quantflow (+2.0 dB) |")
+
+
+def test_a_one_channel_model_gets_a_gray_project_that_loads(tmp_path):
+    from quantflow.config import config_from_dict
+
+    m = peers.MODELS["crnn_ddddocr"]
+    conf = tomllib.loads(peers.project_toml("crnn_ddddocr", m, [], calib=4))
+    # ddddocr's own preprocessing: grayscale, pixels / 255, nothing else; AIPP fed grey frames
+    assert conf["normalization"] == {"mean": [0.0], "std": [1.0], "scale": "0-1", "channel_order": "GRAY"}
+    assert conf["aipp"] == {"template": "static_yuv400_u8.cfg", "input_channel_order": "GRAY"}
+    assert conf["model"]["input_shape"] == [1, 1, 64, 160]
+    config_from_dict(conf, root=tmp_path)   # a valid configuration (GRAY exactly for one input channel)
+    colour = tomllib.loads(peers.project_toml("ppocr_cls", peers.MODELS["ppocr_cls"], []))
+    assert colour["aipp"] == {"template": "static_rgb888_u8.cfg", "input_channel_order": "BGR"}
+
+
+def test_captchas_are_dark_text_on_a_light_background_filling_the_width():
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        grey = synth.draw("captcha", 64, 160, rng).astype(np.float32).mean(-1)
+        ink = grey < 200
+        # a light background (ImageCaptcha's 238-255, smoothed), text of 4-6 characters spread along the width
+        assert np.median(grey) > 225 and 0.03 < ink.mean() < 0.5
+        columns = np.flatnonzero(ink[16:48].any(0))
+        assert columns.max() - columns.min() > 60
