@@ -239,10 +239,18 @@ class EvaluationSection(_Section):
     options: dict[str, Any] = Field(default_factory=dict,
                                     description="task metrics: keyword arguments of the metric")
     tune_dir: Optional[Path] = Field(
-        default=None, description='images the automatic fallback tunes on (quantization.fallback = "auto"); the gate '
-                                  "judges data_dir. Default: a share of data_dir, the gate judging the rest")
+        default=None, description='images the recovery and the automatic fallback tune on (quantization.fallback = '
+                                  '"auto"); the gate judges all of data_dir. Default: see tune_from')
+    tune_from: Literal["calibration", "held_out"] = Field(
+        default="calibration", description="without tune_dir: calibration: tune on calibration.data_dir's images "
+                                           "beyond the calibration sample (topped up by the sample itself), the gate "
+                                           "judging all of data_dir; held_out: on tune_share of data_dir, the gate "
+                                           "judging the rest")
+    tune_images: Optional[int] = Field(
+        default=None, gt=0, description="tune_from = calibration: how many images to tune on (default: as many as "
+                                        "data_dir holds, or all the calibration folder has)")
     tune_share: float = Field(default=0.5, gt=0.0, lt=1.0,
-                              description="without tune_dir: the share of each class (or group) of data_dir the "
+                              description="tune_from = held_out: the share of each class (or group) of data_dir the "
                                           "automatic fallback tunes on; the gate judges the other images")
     batch_size: int = Field(default=64, gt=0)
     max_class_drop: Optional[float] = Field(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
 import traceback
 
@@ -57,3 +58,12 @@ def load_entry(entry: str, field: str):
         except Exception as err:  # the user's code failed: say where, without quantflow's frames around it
             raise ConfigError(f"{field} = {entry!r} raised {first_line(err)}{raised_at(err, near)}") from None
     return call
+
+
+def module_file(entry: str) -> list[str]:
+    """The source file of an entry point's module, if it has one (what a stage's key hashes of the user's code) (a missing module: none, the run reports it)."""
+    try:
+        spec = importlib.util.find_spec(entry.partition(":")[0])
+    except Exception:  # a missing parent package raises here (or one that raises on import), not returns None
+        return []
+    return [spec.origin] if spec is not None and spec.origin and os.path.isfile(spec.origin) else []

@@ -2,14 +2,16 @@
 (``quantization.fallback = "off"``), or with "auto" those left once the most sensitive ops were rolled back to
 float16 until the gate's check on the tuning images gives the verdict the gate would pass
 (``evaluation.intervals.settled``: a PASS where ``evaluation.on_undecided = "fail"``, else no FAIL), or
-``max_fallback`` ops are in float; each next op the most sensitive on what the last check failed (the outputs
-gate: the outputs below the limit).  Past an UNDECIDED check a layer is rolled back on trial and kept only if it
-brings the figures closer to their limits (``intervals.shortfall``); otherwise it is put back and the fallback
-stops (``quantization.fallback.roll_back``): the tuning images cannot decide more.
+``max_fallback`` ops are in float; each next op the most harmful to what the last check failed (``ranked``: the
+region -- output or part -- that loses most).  Every layer is rolled back on trial and kept only if it brings the
+steering figure (the metric's low-variance measure of INT8 against FP32, ``evaluation.steering``) at least
+``steering.MIN_GAIN`` better (``improves``); otherwise it is put back and the next one tried
+(``quantization.fallback.roll_back``): no layer whose roll-back did not help is shipped in float16.
 
-The tuning images are never the gate's: ``evaluation.tune_dir`` when given (an image in it and in
-``evaluation.data_dir`` is an error), else ``evaluation.tune_share`` of each class (or group) of
-``evaluation.data_dir``, the gate judging the rest (``tuning_and_gate_sets``)."""
+The tuning images are never the gate's (``tuning_and_gate_sets``): by default images of ``calibration.data_dir``
+beyond the calibration sample, the gate judging every held-out image; ``evaluation.tune_dir`` when given (an image
+in it and in ``evaluation.data_dir`` is an error); with ``evaluation.tune_from = "held_out"``
+``evaluation.tune_share`` of each class (or group) of ``evaluation.data_dir``, the gate judging the rest."""
 from __future__ import annotations
 
 import hashlib
@@ -17,59 +19,118 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
+
 from quantflow.data.images import IMAGE_EXTS
 from quantflow.engine import shard
 from quantflow.errors import DataError
 from quantflow.io.atomic import write_json
 from quantflow.io.digest import file_sha256, folder_digest
 from quantflow.quantization.qparams import QPARAMS_JSON, QPARAMS_NPZ, QuantParams
+from quantflow.entry import module_file
 
 from . import sensitivity
 from .aipp import read_params
 from .inputs import evaluation_set, output_names, parameters_dir, read_graph, recovered_check
-from .preflight import module_file
 from .stage import Stage
 
 FALLBACK_JSON = "fallback.json"
 GATE_ONLY = ("baseline",)   # [evaluation] settings the fallback does not read
 
 
-def tuning_and_gate_sets(cfg):
-    """(the images the automatic fallback tunes on -- None with ``quantization.fallback = "off"`` --, the images
-    the gate judges, where the tuning images come from).  The two never share an image: ``evaluation.tune_dir``
-    is checked against ``evaluation.data_dir`` (the same file, or the same bytes, is an error), and without it
-    ``runs.split_held_out`` cuts ``evaluation.data_dir`` in two."""
-    from quantflow.evaluation.runs import held_out, shared_images, split_held_out
+def tuning_and_gate_sets(cfg, calibrated: list | None = None):
+    """(the images the recovery's check and the automatic fallback tune on -- None with ``quantization.fallback =
+    "off"`` --, the images the gate judges, how the tuning images were chosen).  The two never share an image.
+
+    Tuning steers by INT8 against FP32 and needs none of the gate's power, so by default (``evaluation.tune_from =
+    "calibration"``) it runs on images the gate never judges and the gate judges every held-out image:
+    ``evaluation.tune_images`` (default: as many as ``evaluation.data_dir`` holds) of ``calibration.data_dir``'s
+    images beyond the calibration sample (``calibrated``: its paths; default: the manifest's, where the sample has
+    run), topped up from the sample itself where too few are left (the ranges were fitted on those, so they come
+    last), any image also in ``evaluation.data_dir`` left out.  ``evaluation.tune_dir`` (checked against
+    ``evaluation.data_dir``: the same file, or the same bytes, is an error) gives a folder of its own;
+    ``tune_from = "held_out"`` cuts ``evaluation.data_dir`` in two (``runs.split_held_out``), as the user asks."""
+    from quantflow.evaluation.runs import shared_images, split_held_out
 
     ev, e = evaluation_set(cfg), cfg.evaluation
     if cfg.quantization.fallback != "auto":
         return None, ev, None
     if e.tune_dir is not None:
-        tune = held_out(cfg.path(e.tune_dir), cfg.labelled_classes, True, cfg.root, shape=ev.shape,
-                        normalization=ev.normalization, frame_order=ev.frame_order, batch_size=ev.batch_size,
-                        engine=ev.engine)
+        tune = _folder_set(cfg, cfg.path(e.tune_dir), ev)
         both = shared_images(tune.paths, ev.paths)
         if both:
             a, b = both[0]
             raise DataError(f"evaluation.tune_dir {e.tune_dir} and evaluation.data_dir {e.data_dir} share "
                             f"{len(both)} image(s) (e.g. {a} and {b}): the gate would judge images the fallback "
-                            f"tuned on. Keep them apart, or leave out tune_dir to tune on a part of data_dir")
+                            f"tuned on. Keep them apart, or leave out tune_dir to tune on calibration images")
         return tune, ev, f"evaluation.tune_dir {e.tune_dir}"
+    if e.tune_from == "calibration":
+        return _calibration_tuning(cfg, ev, calibrated)
     tune, judge = split_held_out(ev, e.tune_share, e.seed)
     if not len(tune) or not len(judge):
         raise DataError(f"evaluation.data_dir {e.data_dir} holds {len(ev)} image(s): too few to tune the automatic "
-                        f"fallback on {e.tune_share:.0%} of them and gate on the rest; add images or give "
-                        f"evaluation.tune_dir")
+                        f"fallback on {e.tune_share:.0%} of them and gate on the rest; add images, give "
+                        f"evaluation.tune_dir, or leave out tune_from to tune on calibration images")
     return tune, judge, (f"{e.tune_share:.0%} of each folder of evaluation.data_dir {e.data_dir}, drawn with "
-                         f"evaluation.seed {e.seed}")
+                         f"evaluation.seed {e.seed} (evaluation.tune_from = \"held_out\")")
+
+
+def _folder_set(cfg, folder: Path, ev):
+    """The images of ``folder`` as a tuning set (labelled like the held-out images; no class need be present)."""
+    from quantflow.evaluation.runs import held_out
+
+    return held_out(folder, cfg.labelled_classes, True, cfg.root, shape=ev.shape, normalization=ev.normalization,
+                    frame_order=ev.frame_order, batch_size=ev.batch_size, engine=ev.engine)
+
+
+def _calibration_tuning(cfg, ev, calibrated: list | None):
+    """``tuning_and_gate_sets`` for ``evaluation.tune_from = "calibration"``."""
+    from dataclasses import replace
+
+    from quantflow.data.sampling import read_manifest
+    from quantflow.evaluation.runs import draw, leave_out, shared_images
+
+    from .sample import calibration_paths, manifest_path
+
+    e, k = cfg.evaluation, cfg.calibration
+    folder = _folder_set(cfg, cfg.path(k.data_dir), ev)
+    if calibrated is None and manifest_path(cfg).is_file():
+        calibrated = calibration_paths(cfg)
+    skipped = [cfg.path(b["path"]) for b in read_manifest(manifest_path(cfg))["skipped"]] \
+        if manifest_path(cfg).is_file() else []
+    folder = leave_out(folder, skipped)
+    judged = [a for a, _ in shared_images(folder.paths, ev.paths)]
+    folder = leave_out(folder, judged)
+    wanted = e.tune_images or len(ev)
+    beyond = leave_out(folder, calibrated or [])
+    tune = draw(beyond, wanted, e.seed)
+    extra = 0
+    if len(tune) < wanted and calibrated:
+        sample = leave_out(folder, beyond.paths)
+        top = draw(sample, wanted - len(tune), e.seed)
+        extra = len(top)
+        order = list(tune.paths) + list(top.paths)
+        tune = replace(tune, paths=tuple(order), labels=np.concatenate([tune.labels, top.labels]),
+                       names=tuple(tune.names) + tuple(top.names))
+    if not len(tune):
+        raise DataError(f"calibration.data_dir {k.data_dir} holds no image to tune the automatic fallback on "
+                        f"(beside the {len(judged)} also in evaluation.data_dir); give evaluation.tune_dir")
+    said = (f"{len(tune) - extra} images of calibration.data_dir {k.data_dir} beyond the calibration sample"
+            + (f" and {extra} of the sample itself" if extra else "")
+            + f", drawn with evaluation.seed {e.seed}" + ("" if calibrated is not None else " (before sampling)")
+            + (f"; {len(judged)} also in evaluation.data_dir left out" if judged else ""))
+    return tune, ev, said
 
 
 def focus(sensitivity: dict, m, names: dict | None, report: dict) -> tuple[list[str] | None, list[str] | None]:
     """What a failed ``report`` points at, as ``(outputs, parts)`` for ``sensitivity.rank`` and ``figure``: the
     failing parts (``per_part``, where the per-layer analysis measured them), with any failing whole outputs it
-    measured apart; else the outputs ``m.focus`` names (a failing part: its output), by the per-output figures,
-    which name the outputs as the graph IR does (``names``: IR name -> the model file's); (None, None) for the
-    outputs pooled."""
+    measured apart.  Else (a failing task number, top-1 drop or whole output) the outputs ``m.focus`` names (none
+    named: every output the report measures), each at the finest the gate compares it (``evaluation.parts.finest``:
+    its parts where the analysis measured them, else the output whole), so that a layer is ranked by the region it
+    harms most, not by the whole output, whose energy one part can dominate (a detector's boxes in pixels beside
+    its scores in 0..1).  Outputs are named as the graph IR does (``names``: IR name -> the model file's);
+    (None, None) for one output not cut into parts: the pooled figure."""
     ops = sensitivity["ops"]
     ir_name = {shown: ir for ir, shown in (names or {}).items()}
 
@@ -81,26 +142,44 @@ def focus(sensitivity: dict, m, names: dict | None, report: dict) -> tuple[list[
     if parts and all(measured("per_part", p) for p in parts):
         whole = [ir_name.get(r["output"], r["output"]) for r in rows if not r.get("part") and r["output"] in failing]
         return [o for o in whole if measured("per_output", o)], parts
-    outputs = m.focus(report)
-    return ([ir_name.get(o, o) for o in outputs] if outputs else None), None
+    outputs = m.focus(report) or list(dict.fromkeys(r["output"] for r in rows)) or None
+    if outputs is None:
+        return None, None
+    parts = [r["part"] for r in rows if r.get("part") and r["output"] in outputs and measured("per_part", r["part"])]
+    split = {r["output"] for r in rows if r.get("part") in parts}
+    whole = [ir_name.get(o, o) for o in outputs if o not in split]
+    several = all("per_output" in r for r in ops)   # one network output: its figure is the pooled one
+    whole = [o for o in whole if measured("per_output", o)] if several else whole
+    if not parts and not several:
+        return None, None
+    return whole, parts or None
+
+
+def ranked(sensitivity: dict, m, names: dict | None, report: dict) -> dict:
+    """The per-layer analysis ranked by what ``report`` fails on (``focus``): ``ranking`` most harmful first, and
+    ``focus`` what it ranks by (empty lists: the outputs pooled).  The one ranking the failure message, the
+    report's sensitivity table and chart, and the fallback's order all take."""
+    from quantflow.quantization.sensitivity import rank
+
+    outputs, parts = focus(sensitivity, m, names, report)
+    return {**sensitivity, "ranking": rank(sensitivity["ops"], outputs, parts),
+            "focus": {"outputs": outputs or [], "parts": parts or []}}
 
 
 def focus_ranking(sensitivity: dict, m, names: dict | None):
     """``rerank(report)`` for ``roll_back``: the layers most harmful to what a failed check points at
-    (``focus``); for a check with no FAIL, what is UNDECIDED in it."""
-    from quantflow.quantization.sensitivity import rank
-
+    (``ranked``); for a check with no FAIL, what is UNDECIDED in it."""
     def short(report: dict) -> dict:
         return report if report.get("failures") else dict(report, failures=report.get("undecided", []))
-    return lambda report: rank(sensitivity["ops"], *focus(sensitivity, m, names, short(report)))
+    return lambda report: ranked(sensitivity, m, names, short(report))["ranking"]
 
 
 def fallback_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, aipp_dir: Path | None,
                    sensitivity: dict | None, first: dict | None = None) -> dict:
     """``first``: the check on the tuning images of the parameters in ``params_dir``, where one was made (the
     recovery's): the roll-back's step 0 takes it."""
-    from quantflow.evaluation.intervals import FAIL, settled, shortfall
     from quantflow.evaluation.metrics import metric
+    from quantflow.evaluation.steering import line as steering_line
     from quantflow.quantization.fallback import roll_back
     from quantflow.quantization.passes import fold_for_quantization
 
@@ -111,7 +190,7 @@ def fallback_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, aipp_dir:
     else:
         tune, judge, source = tuning_and_gate_sets(cfg)
         print(f"fallback: accuracy checks on {len(tune)} tuning images ({source}; the gate judges {len(judge)} "
-              f"others) {shard.where(cfg.engine)}")
+              f"held-out images, none of them) {shard.where(cfg.engine)}")
         graph = read_graph(cfg, graph_dir)
         m = metric(cfg.evaluation.metric)
         names = output_names(cfg, graph)
@@ -119,22 +198,53 @@ def fallback_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, aipp_dir:
         on_undecided = cfg.evaluation.on_undecided
         qp, steps = roll_back(qp, sensitivity["ranking"], check, q.max_fallback, m.step_keys,
                               rerank=focus_ranking(sensitivity, m, names),
-                              settled=lambda report: settled(report["verdict"], on_undecided),
-                              closer=lambda report, before: None if before["verdict"] == FAIL or "figures" not in report
-                              else shortfall(report["figures"]) < shortfall(before["figures"]),
-                              first=first)
+                              settled=lambda report: tuning_settled(report, on_undecided, len(judge)),
+                              improves=improves, first=first)
         final = next(st for st in reversed(steps) if not st.get("undone"))
         result = {"mode": "auto", "metric": m.name, "max_fallback": q.max_fallback, "steps": steps,
                   "float_ops": final["float_ops"], "passed": final["passed"],
                   "tuning": {"source": source, "images": len(tune), "names": list(tune.names)}}
         for i, st in enumerate(steps):
             names = ", ".join(f["scope"] for f in st["float_ops"]) or "none"
-            print(f"fallback step {i}: {st['int8_ops']} INT8 ops, {m.step_line(st)} "
-                  f"{st.get('verdict', 'PASS' if st['passed'] else 'FAIL')}; in float16: {names}"
-                  + ("; no closer to passing: its last layer is put back" if st.get("undone") else ""))
+            steer = f", {steering_line(st['steering'])}" if st.get("steering") else ""
+            verdict = st.get("verdict", "PASS" if st["passed"] else "FAIL")
+            if verdict == "PASS" and not st["passed"]:
+                verdict += " (not settled: its worst case, or the gate's own interval on its images, misses the limit)"
+            print(f"fallback step {i}: {st['int8_ops']} INT8 ops, {m.step_line(st)}{steer} {verdict}; "
+                  f"in float16: {names}"
+                  + ("; did not help: its last layer is put back" if st.get("undone") else ""))
     qp.save(kdir)
     write_json(kdir / FALLBACK_JSON, result)
     return result
+
+
+def tuning_settled(report: dict, on_undecided: str, gate_images: int | None = None) -> bool:
+    """The roll-back's (and the recovery's) stopping rule on a check of the tuning images: the verdict the gate
+    would pass there (``intervals.settled``); where the metric's steering figure has one, its worst case within the
+    gate's limit (``steering.worst_case_settled``: top-1's flip rate); and, where the gate asks for a decided PASS
+    (``evaluation.on_undecided = "fail"``) and judges ``gate_images``, the PASS it can expect there
+    (``intervals.expected_pass``): a figure just inside its limit on the tuning images is UNDECIDED on the gate's."""
+    from quantflow.evaluation.intervals import expected_pass, settled
+    from quantflow.evaluation.steering import worst_case_settled
+
+    expected = (on_undecided != "fail" or not gate_images or "figures" not in report
+                or expected_pass(report["figures"], report.get("images", 0), gate_images))
+    return settled(report["verdict"], on_undecided) and worst_case_settled(report, on_undecided) and expected
+
+
+def improves(report: dict, before: dict) -> bool:
+    """Whether a check with one more layer in float16 is better than the last kept one: its steering figure (the
+    metric's low-variance measure of INT8 against FP32, ``evaluation.steering``, on the regions the last kept check
+    fails on, else on what is UNDECIDED in it) lower in error by ``steering.MIN_GAIN``; for checks without one, its
+    gated figures nearer their limits (``intervals.shortfall``)."""
+    from quantflow.evaluation.intervals import shortfall
+    from quantflow.evaluation.steering import helps
+
+    if report.get("steering") and before.get("steering"):
+        return helps(report["steering"], before["steering"], before.get("failures") or before.get("undecided"))
+    if "figures" not in report or "figures" not in before:
+        return True
+    return shortfall(report["figures"]) < shortfall(before["figures"])
 
 
 def _auto(cfg) -> bool:
@@ -155,16 +265,26 @@ def _run(b) -> None:
 
 
 def evaluation_inputs(cfg) -> dict:
-    """What the evaluation depends on beyond ``[evaluation]`` itself: the held-out images (and the tuning images
-    of ``evaluation.tune_dir``), YOLO label files beside them, files its options name, and the source of a task
+    """What the evaluation depends on beyond ``[evaluation]`` itself: the held-out images (and the folder of the
+    tuning images, ``tuning_folder``), YOLO label files beside them, files its options name, and the source of a task
     metric of the user's."""
     e = cfg.evaluation
     source = _metric_file(cfg)
+    tune = tuning_folder(cfg)
     return {"eval_data": folder_digest(cfg.path(e.data_dir), IMAGE_EXTS),
-            "tune_data": folder_digest(cfg.path(e.tune_dir), IMAGE_EXTS) if e.tune_dir else None,
+            "tune_data": folder_digest(cfg.path(tune), IMAGE_EXTS) if tune else None,
             "labels": _labels_digest(cfg) if e.metric == "detection" else None,
             "option_files": _option_files(cfg),
             "metric_source": file_sha256(source) if source else None}
+
+
+def tuning_folder(cfg) -> Path | None:
+    """The folder the tuning images are drawn from, where it is not ``evaluation.data_dir``: ``evaluation.tune_dir``,
+    or ``calibration.data_dir`` (``evaluation.tune_from = "calibration"``, with ``quantization.fallback = "auto"``)."""
+    e = cfg.evaluation
+    if e.tune_dir is not None:
+        return e.tune_dir
+    return cfg.calibration.data_dir if e.tune_from == "calibration" and _auto(cfg) else None
 
 
 def _option_files(cfg) -> dict:
@@ -194,7 +314,7 @@ def _labels_digest(cfg) -> str | None:
     from quantflow.evaluation.detection import label_file
 
     h, e = hashlib.sha256(), cfg.evaluation
-    for folder in filter(None, (e.data_dir, e.tune_dir)):
+    for folder in filter(None, (e.data_dir, tuning_folder(cfg))):
         try:
             items = scan_images(cfg.path(folder), cfg.labelled_classes)
         except DataError:

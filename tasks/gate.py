@@ -7,8 +7,10 @@ against ``evaluation.baseline`` too where given; the gate also writes the figure
 them), JUnit XML and a Markdown summary for CI (docs/release-gate.md).
 
 With ``quantization.fallback = "auto"`` the gate judges images the fallback did not tune on
-(``fallback.tuning_and_gate_sets``; checked against the tuning images ``fallback.json`` records), and the report
-shows both figures."""
+(``fallback.tuning_and_gate_sets``: by default every held-out image, the fallback tuning on calibration images;
+checked against the tuning images ``fallback.json`` records), and the report shows both figures.  A verdict that is
+not a PASS is put beside what the same images give with no layer in INT8 (``float16_reference``), so that INT8's
+damage can be told from what FP32 itself barely decides."""
 from __future__ import annotations
 
 import json
@@ -34,7 +36,7 @@ from . import retrain
 from . import sensitivity as analysis
 from .aipp import read_params
 from .calibrate import load_histograms
-from .fallback import FALLBACK_JSON, evaluation_inputs, focus, tuning_and_gate_sets
+from .fallback import FALLBACK_JSON, evaluation_inputs, ranked, tuning_and_gate_sets, tuning_folder
 from .inputs import output_names, read_graph
 from .recover import read as read_recovery
 from .stage import Stage
@@ -62,8 +64,8 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
     print(f"gate: FP32 and INT8 on {len(ev)} held-out images{' not tuned on' if tuning else ''} "
           f"{shard.where(cfg.engine)}")
     m = metric(cfg.evaluation.metric)
-    report = m.evaluate(ev, cfg.evaluation, graph, fold_for_quantization(graph), qp, read_params(aipp_dir),
-                        output_names(cfg, graph))
+    folded, aipp_params, names = fold_for_quantization(graph), read_params(aipp_dir), output_names(cfg, graph)
+    report = m.evaluate(ev, cfg.evaluation, graph, folded, qp, aipp_params, names)
     report.update(metric=m.name, eval_data=str(cfg.evaluation.data_dir), calibration_method=qp.method,
                   quantized_ops=len(qp.ops), int8_op_types=dict(Counter(op.op for op in qp.ops)),
                   float16_layers=[{"layer": f.scope, "op": f.op, "reason": f.reason} for f in qp.float16])
@@ -77,6 +79,10 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
     if cfg.evaluation.baseline is not None:
         base, base_draws, where = baseline.load(cfg.path(cfg.evaluation.baseline))
         rejudge(baseline.compare(report, draws, base, base_draws, where))
+    if report.get("verdict", "PASS" if report["passed"] else "FAIL") != "PASS":
+        print("gate: not a PASS; the same images with no layer in INT8, for reference")
+        report["float16_reference"] = float16_reference(m, m.evaluate(ev, cfg.evaluation, graph, folded, qp.only([]),
+                                                                       aipp_params, names))
     write_json(kdir / REPORT_JSON, report, sort_keys=False)
     write_draws(kdir / REPORT_DRAWS, draws)
     write_text(kdir / REPORT_TXT, format_table(report) + "\n")
@@ -94,7 +100,7 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
         # what fails the build: the figures that FAIL, are worse than the baseline, or are UNDECIDED
         failing = list(dict.fromkeys(report.get("failures", []) + report.get("worse", [])
                                      + report.get("undecided", [])))
-        layers = _focused(layers, m, output_names(cfg, graph), dict(report, failures=failing))
+        layers = ranked(layers, m, output_names(cfg, graph), dict(report, failures=failing))
     html.write(kdir / REPORT_HTML, f"quantflow build report: {cfg.model.entry or cfg.model.mindir or cfg.model.onnx}",
                report, layers, load_histograms(calibrate_dir, QuantParams.load(calibrate_dir)), fallback,
                retrain.read(retrain_dir) if retrain_dir else None,
@@ -103,6 +109,20 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
     if failure:
         raise AccuracyGateError(f"{failure}{_advice(layers, qp, cfg)} (report: {kdir / REPORT_HTML})")
     return report
+
+
+def float16_reference(m, ref: dict) -> dict:
+    """What the device's path with no layer in INT8 (every quantized op in float16: the AIPP and float16 emulation
+    alone) does to the gate's images against FP32, from its report ``ref``: the metric's figures (``step_line``),
+    its verdict against the same limits and its steering figure.  Beside a failing INT8 figure it tells INT8's
+    damage from what float16 alone changes on images FP32 itself barely decides (near-ties)."""
+    from quantflow.evaluation.steering import line as steering_line
+
+    keys = {k: ref[k] for k in m.step_keys if k in ref}
+    return {"what": "no layer in INT8 (every quantized op in float16) against FP32, on the same images",
+            "verdict": ref.get("verdict", "PASS" if ref["passed"] else "FAIL"), "figure": m.step_line(keys),
+            **keys, **({"steering": ref["steering"], "steering_line": steering_line(ref["steering"])}
+                       if ref.get("steering") else {})}
 
 
 def held_out_images(ev, fallback: dict) -> dict:
@@ -128,10 +148,10 @@ def _tuning(cfg, fallback: dict, ev) -> dict | None:
     if fallback.get("mode") != "auto":
         return None
     t = fallback["tuning"]
-    # a folder of its own is checked by content too; a split of data_dir is disjoint by construction (a frame
-    # that occurs twice in the user's folder may fall on both sides)
+    # a folder of its own (tune_dir, the calibration folder) is checked by content too; a split of data_dir is
+    # disjoint by construction (a frame that occurs twice in the user's folder may fall on both sides)
     tuned = [cfg.path(n) for n in t["names"]]
-    both = shared_images(tuned, ev.paths, same_bytes=cfg.evaluation.tune_dir is not None)
+    both = shared_images(tuned, ev.paths, same_bytes=tuning_folder(cfg) is not None)
     if both:
         raise DataError(f"the gate's images and the fallback's tuning images share {len(both)} (e.g. {both[0][1]}); "
                         f"a verdict on them would not be independent")
@@ -141,19 +161,8 @@ def _tuning(cfg, fallback: dict, ev) -> dict | None:
             "figure": metric(fallback.get("metric", cfg.evaluation.metric)).step_line(last)}
 
 
-def _focused(sensitivity: dict, m, names: dict | None, report: dict) -> dict:
-    """The per-layer analysis ranked by what fails in ``report`` (``fallback.focus``: a failing part by its own
-    figure, not the whole output's), as the fallback would take the layers; ``focus`` records what it ranks by
-    (empty lists: the outputs pooled)."""
-    from quantflow.quantization.sensitivity import rank
-
-    outputs, parts = focus(sensitivity, m, names, report)
-    return {**sensitivity, "ranking": rank(sensitivity["ops"], outputs, parts),
-            "focus": {"outputs": outputs or [], "parts": parts or []}}
-
-
 def _advice(sensitivity: dict, qp, cfg) -> str:
-    """The most sensitive layers still in INT8 (ranked by what fails: ``_focused``) and the settings to try."""
+    """The most sensitive layers still in INT8 (ranked by what fails: ``fallback.ranked``) and the settings to try."""
     from quantflow.quantization.sensitivity import figure, focus_label
 
     int8 = {op.node: op.scope for op in qp.ops}

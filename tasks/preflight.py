@@ -15,15 +15,13 @@
 """
 from __future__ import annotations
 
-import importlib.util
-import os
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from quantflow.data.images import IMAGE_EXTS, check_image, scan_images
-from quantflow.entry import first_line, raised_at
+from quantflow.entry import first_line, module_file, raised_at
 from quantflow.errors import ConfigError, DataError
 from quantflow.io.digest import file_sha256, folder_digest
 
@@ -134,15 +132,6 @@ def preflight(cfg) -> dict:
         aipp = build_and_verify(cfg, sample, Path(tmp) / "aipp.cfg")
     return {"network_output": list(outputs[0]), "network_outputs": [list(o) for o in outputs], "images_checked": checked, "aipp_images": aipp["images"],
             "aipp_max_abs_diff": aipp["max_abs_diff"], "power": gate_power(cfg)}
-
-
-def module_file(entry: str) -> list[str]:
-    """The source file of an entry point's module, if it has one (a missing module: none, the run reports it)."""
-    try:
-        spec = importlib.util.find_spec(entry.partition(":")[0])
-    except Exception:  # a missing parent package raises here (or one that raises on import), not returns None
-        return []
-    return [spec.origin] if spec is not None and spec.origin and os.path.isfile(spec.origin) else []
 
 
 def _run(b) -> None:

@@ -13,7 +13,7 @@ of checking again.
   is below 1/32 of the widest), each kept only where it raises the network's output SQNR on the first
   ``quantization.recovery_images`` calibration images; with
   ``quantization.fallback = "auto"``, the costly ones (output-aware ranges, learned rounding) too when the gate's
-  check on the fallback's tuning images gives a verdict the gate would not pass (``intervals.settled``), before
+  check on the fallback's tuning images gives a verdict the gate would not pass (``fallback.tuning_settled``), before
   the fallback rolls any layer back.  With ``fallback = "off"``
   there are no tuning images (the gate's must not be tuned on): the cheap methods only;
 - ``"off"``: the calibrated parameters as they are;
@@ -45,9 +45,10 @@ def _checks(cfg) -> bool:
 
 def recover_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, calibration_paths: list[Path],
                   aipp_dir: Path | None = None) -> dict:
-    from quantflow.evaluation.intervals import settled
     from quantflow.quantization.passes import fold_for_quantization
     from quantflow.quantization.recovery import CHEAP, COSTLY, Context, recover
+
+    from .fallback import tuning_and_gate_sets, tuning_settled
     from quantflow.quantization.recovery.report import text_table
 
     kdir, q, k = Path(kdir), cfg.quantization, cfg.calibration
@@ -69,12 +70,12 @@ def recover_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, calibra
     qp, record = recover(ctx, qp, CHEAP if auto else q.recover, guard=auto)
     record["mode"] = "auto" if auto else "list"
     if auto and _checks(cfg):
-        # the fallback's own rule (evaluation.intervals.settled): only a check the gate would not pass on the
-        # tuning images asks for more
+        # the fallback's own rule (fallback.tuning_settled): only a check the gate would not pass on the tuning
+        # images asks for more
         check = _tuning_check(cfg, raw, graph, aipp_dir)
         first = last = check(qp)
         record["check"] = {"passed": bool(first["passed"]), "verdict": first["verdict"], "ops": len(qp.ops)}
-        if not settled(first["verdict"], cfg.evaluation.on_undecided):
+        if not tuning_settled(first, cfg.evaluation.on_undecided, len(tuning_and_gate_sets(cfg)[1])):
             print(f"recovery: the check on the tuning images is {first['verdict']}; {', '.join(COSTLY)} before any "
                   f"fallback")
             qp, record = recover(ctx, qp, COSTLY, guard=True, record=record)

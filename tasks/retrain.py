@@ -33,7 +33,6 @@ from quantflow.io.atomic import atomic_path, write_json
 from quantflow.quantization.qparams import QPARAMS_JSON, QPARAMS_NPZ, QuantParams
 
 from .inputs import compared_regions, image_batches, parameters_dir, read_graph, recalibrator
-from .preflight import module_file
 from .stage import Stage
 
 NAME = "retrain"
@@ -242,6 +241,7 @@ def _key_inputs(b) -> dict:
            # the keep rule's bootstrap (choose)
            "bootstrap": {k: ev[k] for k in ("confidence", "resamples", "seed")}}
     if r.entry:
+        from quantflow.entry import module_file
         from quantflow.io.digest import file_sha256
         key["entry_sources"] = [file_sha256(Path(f)) for f in module_file(r.entry)]
     return key

@@ -15,12 +15,11 @@ import platform
 import shutil
 from pathlib import Path
 
-from quantflow.entry import load_entry
+from quantflow.entry import load_entry, module_file
 from quantflow.errors import QuantflowError
 from quantflow.io import atomic
 from quantflow.io.digest import file_sha256
 
-from .preflight import module_file
 from .stage import Stage
 
 RECORD_SUFFIX = ".train.json"

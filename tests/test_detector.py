@@ -210,9 +210,9 @@ def test_a_detector_project_is_gated_on_every_output(tmp_path):
     assert "AccuracyGateError" in out and "UNDECIDED" in out and f"{worst} cosine {least:.6g}" in out
     assert f"(needs >= {limit:g}): UNDECIDED" in out
 
-    # the automatic fallback rolls layers back to float16 until every output passes on its tuning images (half of
-    # each folder of the held-out images), each next layer the one that harms the outputs still below the limit
-    # most; the gate judges the other half, and the report shows both
+    # the automatic fallback rolls layers back to float16 until every output passes on its tuning images (here, as
+    # evaluation.tune_from = "held_out" asks, half of each folder of the held-out images), each next layer the one
+    # that harms the outputs still below the limit most; the gate judges the other half, and the report shows both
     from quantflow.config import load_config
     from quantflow.pipeline.doit_graph import artifact_status
 
@@ -220,7 +220,8 @@ def test_a_detector_project_is_gated_on_every_output(tmp_path):
         # recovery off: its costly methods run where the tuning check fails, so step 0 would differ between limits;
         # channel scales off: with them (quantization.channel_scale, the default) the tuning check already passes at
         # step 0 with the limit halfway from the tuning figure to 1, and no roll-back step is left to test
-        (project / name).write_text(DETECTOR_CONFIG.replace("min_cosine = 0.99", f"min_cosine = {limit:.9f}")
+        (project / name).write_text(DETECTOR_CONFIG.replace("min_cosine = 0.99", f'min_cosine = {limit:.9f}\n'
+                                                                                 'tune_from = "held_out"')
                                     + f'[quantization]\nfallback = "auto"\nmax_fallback = {most}\nrecover = "off"\n'
                                     + "channel_scale = false\n")
         proc = run_quantflow(project, "build", name)
@@ -241,12 +242,17 @@ def test_a_detector_project_is_gated_on_every_output(tmp_path):
     final = next(s for s in reversed(steps) if not s.get("undone"))
     assert [f["node"] for f in final["float_ops"]] == [f["node"] for f in fallback["float_ops"]]
     assert final["verdict"] == "PASS" or steps[-1].get("undone") or len(final["float_ops"]) == 7
-    for before, after in zip(steps, steps[1:]):
-        short = before["failures"] or before["undecided"]   # what the next layer is chosen for
+    kept, rejected = steps[0], set()
+    for after in steps[1:]:
+        short = kept["failures"] or kept["undecided"]   # what the next layer is chosen for: the last kept check's
         assert short and all(set(short) <= set(r["per_output"]) for r in sensitivity["ops"])
-        done = [f["node"] for f in before["float_ops"]]
-        chosen = next(n for n in rank(sensitivity["ops"], short) if n not in done)
+        done = [f["node"] for f in kept["float_ops"]]
+        chosen = next(n for n in rank(sensitivity["ops"], short) if n not in done and n not in rejected)
         assert [f["node"] for f in after["float_ops"]] == done + [chosen]
+        if after.get("undone"):    # it did not help: put back, never tried again
+            rejected.add(chosen)
+        else:
+            kept = after
     assert "(below the limit: " + ", ".join(steps[0]["failures"]) + ")" in rolled.stdout
     assert set(tuned).isdisjoint(gate["judged"]) and len(tuned) + len(gate["judged"]) == len(held)
     assert gate["tuning"]["passed"] and f"the fallback tuned on {len(tuned)} other images" in rolled.stdout
@@ -354,17 +360,31 @@ def test_int8_losing_the_class_scores_fails_by_part_by_detections_and_by_the_use
 
 @pytest.mark.slow
 def test_the_fallback_tunes_on_images_the_gate_does_not_judge(yolo_project):
-    """quantization.fallback = "auto" with the detection metric: the fallback tunes on half of each folder of the
-    held-out images, rolls the score head back to float16, and the gate judges the other half; the two sets are
-    disjoint and the report shows both figures.  With evaluation.tune_dir the gate judges all of data_dir, and a
-    tuning folder holding a held-out image is refused."""
+    """quantization.fallback = "auto" with the detection metric: by default the fallback tunes on calibration
+    images beyond the calibration sample, rolls the score head back to float16, and the gate judges every held-out
+    image; with evaluation.tune_from = "held_out" it tunes on half of each folder of the held-out images and the
+    gate judges the other half; the sets are disjoint and the report shows both.  With evaluation.tune_dir the
+    gate judges all of data_dir, and a tuning folder holding a held-out image is refused."""
     project = yolo_project
     auto = '\nfallback = "auto"\nmax_fallback = 2\n'   # in the config's [quantization] table (support/yolo_onnx.py)
+    held = sorted(f"heldout/{p.name}" for p in (project / "heldout").glob("*.png"))
     proc, gate, report, latest = _build(project, "auto.toml", 'metric = "detection"', auto)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     fallback = json.loads((Path(latest["artifacts"]["fallback"]) / "fallback.json").read_text())
     tuned, judged = fallback["tuning"]["names"], report["judged"]
-    held = sorted(f"heldout/{p.name}" for p in (project / "heldout").glob("*.png"))
+    assert sorted(judged) == held and len(tuned) == 40 and all(n.startswith("calib/") for n in tuned)
+    manifest = json.loads((project / "build" / "calibration" / "manifest.json").read_text())
+    assert not set(tuned) & {i["path"] for i in manifest["images"]}     # beyond the calibration sample
+    assert latest["float16_fallback"] == ["score"] and [s["passed"] for s in fallback["steps"]] == [False, True]
+    assert report["images"] == 40 and report["tuning"]["images"] == 40 and report["passed"]
+    assert fallback["tuning"]["source"].startswith("40 images of calibration.data_dir calib beyond the calibration "
+                                                   "sample")
+    assert fallback["steps"][1]["steering"]["value"] > fallback["steps"][0]["steering"]["value"]   # scores' SQNR
+
+    proc, gate, report, latest = _build(project, "split.toml", 'metric = "detection"\ntune_from = "held_out"', auto)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    fallback = json.loads((Path(latest["artifacts"]["fallback"]) / "fallback.json").read_text())
+    tuned, judged = fallback["tuning"]["names"], report["judged"]
     assert set(tuned).isdisjoint(judged) and sorted(tuned + judged) == held and len(tuned) == len(judged) == 20
     assert latest["float16_fallback"] == ["score"] and [s["passed"] for s in fallback["steps"]] == [False, True]
     assert report["images"] == 20 and report["tuning"]["images"] == 20 and report["passed"]
@@ -372,7 +392,7 @@ def test_the_fallback_tunes_on_images_the_gate_does_not_judge(yolo_project):
     assert "the fallback tuned on 20 other images" in proc.stdout
     html = (gate / "report.html").read_text()
     assert ("<td>fallback tuned on</td><td>20 images: 50% of each folder of evaluation.data_dir heldout, drawn with "
-            "evaluation.seed 0</td>") in html
+            "evaluation.seed 0 (evaluation.tune_from = &quot;held_out&quot;)</td>") in html
 
     # a tuning folder of its own: the gate judges every held-out image
     shutil.copytree(REPO / "calib_data" / "3", project / "tune")

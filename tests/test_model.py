@@ -82,7 +82,7 @@ def test_an_entry_that_raises_names_the_field_the_entry_and_the_line(tmp_path):
 
 
 def test_module_file_of_an_entry_that_does_not_import_is_empty(tmp_path, monkeypatch):
-    from quantflow.tasks.preflight import module_file
+    from quantflow.entry import module_file
 
     assert module_file("nowhere.mod:build") == [] and module_file("nowhere:build") == []
     (tmp_path / "qf_bad_pkg").mkdir()

@@ -185,16 +185,14 @@ def test_the_fallback_stops_once_what_is_left_is_within_the_interval():
     assert [q.node for q in selected.ops] == ["n2", "n3"]
 
 
-def _closer(report, before):
-    """tasks.fallback's trial rule: on from a failure, else whether the figures came closer to their limits."""
-    if before["verdict"] == FAIL:
-        return None
+def _improves(report, before):
+    """tasks.fallback's trial rule: whether the figures came closer to their limits."""
     return intervals.shortfall(report["figures"]) < intervals.shortfall(before["figures"])
 
 
 def test_when_undecided_fails_the_build_the_fallback_goes_on_while_each_layer_helps():
     """With ``on_undecided = "fail"`` an UNDECIDED check does not stop the roll-back: n2, which lowers the noise a
-    little, is kept; n3, which changes nothing, is put back and the roll-back stops."""
+    little, is kept; n3, which changes nothing, is put back, and with no candidate left the roll-back stops."""
     base = _scores(_outputs(0.3))
     limit = (base["value"] + base["high"]) / 2
     part = {"scores": OutputPart(axis=1, slice="4:", min_cosine=limit)}
@@ -205,7 +203,7 @@ def test_when_undecided_fails_the_build_the_fallback_goes_on_while_each_layer_he
 
     selected, steps = roll_back(_qparams(), ["n0", "n1", "n2", "n3"], check, max_ops=4,
                                 fields=("least_cosine", "failures"),
-                                settled=lambda r: intervals.settled(r["verdict"], "fail"), closer=_closer)
+                                settled=lambda r: intervals.settled(r["verdict"], "fail"), improves=_improves)
     assert [s["verdict"] for s in steps] == [FAIL, FAIL, FAIL, UNDECIDED, UNDECIDED]
     assert [s.get("undone", False) for s in steps] == [False, False, False, False, True]
     assert [f["node"] for f in steps[-1]["float_ops"]] == ["n0", "n1", "n2", "n3"]
@@ -216,7 +214,9 @@ def test_when_undecided_fails_the_build_the_fallback_goes_on_while_each_layer_he
     assert intervals.shortfall(reports[1]["figures"]) < intervals.shortfall(reports[0]["figures"])
 
 
-def test_a_layer_that_does_not_help_an_undecided_check_is_put_back():
+def test_a_layer_that_does_not_help_is_put_back_and_the_next_one_tried():
+    """Past an UNDECIDED check (on_undecided = "fail") n1, n2 and n3 change nothing: each is tried, put back, and the
+    roll-back stops after ``patience`` unhelpful trials in a row with only n0 in float16."""
     base = _scores(_outputs(0.3))
     part = {"scores": OutputPart(axis=1, slice="4:", min_cosine=(base["value"] + base["high"]) / 2)}
 
@@ -225,13 +225,31 @@ def test_a_layer_that_does_not_help_an_undecided_check_is_put_back():
 
     selected, steps = roll_back(_qparams(), ["n0", "n1", "n2", "n3"], check, max_ops=4,
                                 fields=("least_cosine",), settled=lambda r: intervals.settled(r["verdict"], "fail"),
-                                closer=_closer)
-    assert [s["verdict"] for s in steps] == [FAIL, UNDECIDED, UNDECIDED] and steps[-1]["undone"]
+                                improves=_improves, patience=2)
+    assert [s["verdict"] for s in steps] == [FAIL, UNDECIDED, UNDECIDED, UNDECIDED]
+    assert [s.get("undone", False) for s in steps] == [False, False, True, True]
+    assert [[f["node"] for f in s["float_ops"]] for s in steps[2:]] == [["n0", "n1"], ["n0", "n2"]]
     assert [q.node for q in selected.ops] == ["n1", "n2", "n3"]
     # under "warn" the UNDECIDED check settles at once, the trial rule never runs
     _, warned = roll_back(_qparams(), ["n0", "n1", "n2", "n3"], check, max_ops=4, fields=("least_cosine",),
-                          settled=lambda r: intervals.settled(r["verdict"], "warn"), closer=_closer)
+                          settled=lambda r: intervals.settled(r["verdict"], "warn"), improves=_improves)
     assert [s["verdict"] for s in warned] == [FAIL, UNDECIDED] and not any(s.get("undone") for s in warned)
+
+
+def test_a_layer_that_does_not_help_a_failing_check_is_not_shipped_in_float16():
+    """The ranking puts n1 first, but only n0 carries the error: n1's trial brings the failing check no closer, so
+    it is put back and n0 tried next; the selected parameters keep n1 in INT8."""
+    base = _scores(_outputs(0.3))
+    part = {"scores": OutputPart(axis=1, slice="4:", min_cosine=base["high"])}
+
+    def check(qp):
+        return _outputs(0.3 + 3.0 * ("n0" in {q.node for q in qp.ops}), parts=part)
+
+    selected, steps = roll_back(_qparams(), ["n1", "n0", "n2", "n3"], check, max_ops=4, fields=("least_cosine",),
+                                settled=lambda r: intervals.settled(r["verdict"], "pass"), improves=_improves)
+    assert [s["verdict"] for s in steps][:2] == [FAIL, FAIL] and steps[1]["undone"]
+    assert [f["node"] for f in steps[2]["float_ops"]] == ["n0"] and steps[2]["passed"]
+    assert [q.node for q in selected.ops] == ["n1", "n2", "n3"]
 
 
 def test_the_shortfall_is_the_distance_of_each_deciding_bound_past_its_limit():

@@ -294,7 +294,7 @@ def test_a_step_put_back_is_marked_and_the_tuning_figure_is_the_kept_steps(tmp_p
     assert rows[3][1].startswith("Default/block6") and "put back" not in rows[3][1]
     assert rows[4][1].endswith("(tried: no closer to passing, its last layer put back)")
     cfg = type("Cfg", (), {"path": staticmethod(lambda p: tmp_path / p), "evaluation": type("E", (), {
-        "tune_dir": None, "metric": "top1"})()})()
+        "tune_dir": None, "tune_from": "held_out", "metric": "top1"})()})()
     record = {"mode": "auto", "metric": "top1", "steps": steps, "tuning": {"source": "s", "images": 3, "names": []}}
     held = type("Ev", (), {"paths": []})()
     t = _tuning(cfg, record, held)
@@ -571,14 +571,15 @@ def test_a_failing_part_ranks_the_layers_by_that_part_in_the_message_and_the_cha
     from types import SimpleNamespace
 
     from quantflow.quantization.sensitivity import figure
-    from quantflow.tasks.gate import _advice, _focused
+    from quantflow.tasks.fallback import ranked
+    from quantflow.tasks.gate import _advice
 
     s = sensitivity()
     for r in s["ops"]:
         i = int(r["node"][4:])
         r["per_part"] = {"boxes": dict(r["output"]), "scores": {"sqnr_db": 40.0 if i > 2 else 5.0 * i, "cosine": 0.9}}
     gate = _parts_report()
-    focused = _focused(s, metric(gate), None, gate)
+    focused = ranked(s, metric(gate), None, gate)
     by_scores = [r["node"] for r in sorted(s["ops"], key=lambda r: (r["per_part"]["scores"]["sqnr_db"], r["node"]))]
     assert focused["ranking"] == by_scores and by_scores[:3] == ["node0", "node1", "node2"] != s["ranking"][:3]
     assert focused["focus"] == {"outputs": [], "parts": ["scores"]}

@@ -82,8 +82,8 @@ def same_images(report: dict, base: dict, where: Path) -> None:
             said.append(f"{len(only_mine)} only in this build (e.g. {mine[only_mine[0]]})")
         raise DataError(f"evaluation.baseline {where}: its gate judged {len(theirs)} held-out images, this build's "
                         f"{len(mine)}, and they differ by content: {'; '.join(said)}. A comparison needs the same "
-                        f"held-out images (the same evaluation.data_dir and, with the automatic fallback, the same "
-                        f"tune_share and seed)")
+                        f"held-out images (the same evaluation.data_dir and, where the fallback tunes on a part of it "
+                        f"(tune_from = \"held_out\"), the same tune_share and seed)")
 
 
 def compare(report: dict, draws: dict, base: dict, base_draws: dict | None, where: Path) -> dict:

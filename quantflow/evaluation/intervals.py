@@ -130,6 +130,24 @@ def settled(v: str, on_undecided: str = "pass") -> bool:
     return v == PASS if on_undecided == "fail" else v != FAIL
 
 
+def expected_pass(figures: list[dict], images: int, gate_images: int) -> bool:
+    """Whether the gated ``figures``, measured on ``images`` tuning images, can be expected to PASS on the gate's
+    ``gate_images`` others: each figure's value, moved towards its limit by sqrt(h^2 + g^2) -- h its interval's
+    half-width on the limit's side (how far the figure itself may be off), g that half-width on the gate's image
+    count (h sqrt(images / gate_images): the gate's own interval) --, still meets the limit.  A tuning check just
+    inside its limit hands the gate a figure it cannot decide."""
+    for f in figures:
+        if not f.get("gated", True) or f["value"] is None or f["low"] is None:
+            continue
+        h = (f["high"] - f["value"]) if f["kind"] == "max" else (f["value"] - f["low"])
+        g = h * math.sqrt(images / gate_images) if gate_images else 0.0
+        reach = math.sqrt(h * h + g * g)
+        if (f["value"] + reach > f["limit"] + TOLERANCE) if f["kind"] == "max" else \
+                (f["value"] - reach < f["limit"] - TOLERANCE):
+            return False
+    return True
+
+
 def shortfall(figures: list[dict]) -> float:
     """How far the gated ``figures`` are from meeting their limits: for each, the distance past its limit of the
     bound that decides a PASS (the interval's low end for a minimum, high end for a maximum; the value where

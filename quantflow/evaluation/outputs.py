@@ -17,6 +17,7 @@ from .parts import label
 from .parts import regions as resolve_regions
 from .protocol import Series, in_float
 from .runs import output_names, output_stats
+from .steering import region_steering
 from .verdicts import attach, explain, mark_rows, region_figures, with_intervals
 
 
@@ -71,7 +72,7 @@ def judged_outputs(stats: np.ndarray, regions: list, paths: list, labels, limits
     report = compare_outputs(stats, regions, paths, limits.min_cosine)
     figures, draws = region_figures(report["outputs"], stats, r)
     rows = mark_rows(with_intervals(report["outputs"], stats, r), figures)
-    return attach(report, figures, draws, r, limits, outputs=rows)
+    return attach(report, figures, draws, r, limits, outputs=rows, steering=region_steering(rows))
 
 
 def failing_outputs(rows: list[dict], failures: list[str]) -> list[str]:

@@ -186,6 +186,29 @@ def split_held_out(ev: HeldOut, tune_share: float, seed: int = 0) -> tuple[HeldO
     return _subset(ev, sorted(tune)), _subset(ev, [i for i in range(len(ev)) if i not in chosen])
 
 
+def draw(ev: HeldOut, n: int, seed: int = 0) -> HeldOut:
+    """``n`` of the images of ``ev`` (all of them when it holds no more), each class (or group) keeping its share
+    (largest remainders; ``numpy.random.default_rng((seed, class))`` picks within it), in folder order."""
+    if n >= len(ev):
+        return ev
+    labels, counts = np.unique(ev.labels, return_counts=True)
+    exact = counts * n / len(ev)
+    take = np.floor(exact).astype(int)
+    for k in np.argsort(-(exact - take), kind="stable")[:n - int(take.sum())]:
+        take[k] += 1
+    index: list[int] = []
+    for label, k in zip(labels, take):
+        members = np.flatnonzero(ev.labels == label)
+        index += np.random.default_rng((int(seed), int(label))).permutation(members)[:k].tolist()
+    return _subset(ev, sorted(index))
+
+
+def leave_out(ev: HeldOut, paths) -> HeldOut:
+    """``ev`` without the images of ``paths`` (compared as resolved paths)."""
+    gone = {Path(p).resolve() for p in paths}
+    return _subset(ev, [i for i, p in enumerate(ev.paths) if Path(p).resolve() not in gone])
+
+
 def _subset(ev: HeldOut, index: list[int]) -> HeldOut:
     return replace(ev, paths=tuple(ev.paths[i] for i in index), labels=ev.labels[np.asarray(index, int)],
                    names=tuple(ev.names[i] for i in index))

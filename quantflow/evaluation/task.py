@@ -42,6 +42,7 @@ from .outputs import failing_outputs, failure_text, network_regions, region_rows
 from .protocol import Series, in_float
 from .runs import both_outputs, region_sums, sharded_parts
 from .shipped import SHIPPED
+from .steering import region_steering
 from .verdicts import attach, explain, mark_rows, region_figures, with_intervals
 
 
@@ -235,7 +236,8 @@ class Task:
             figures, draws = number_figures(metric, records, checks, r, limits, len(stats))
             more, more_draws = region_figures(rows, stats, r)
             rows = mark_rows(with_intervals(rows, stats, r), more)
-            report = attach(report, figures + more, {**draws, **more_draws}, r, limits, outputs=rows)
+            report = attach(report, figures + more, {**draws, **more_draws}, r, limits, outputs=rows,
+                            steering=region_steering(rows))
             for c in checks:   # each limit's verdict is its figure's
                 c["passed"] = c["number"] not in report["failures"]
             return report

@@ -12,6 +12,7 @@ from .outputs import region_rows, rows_text
 from .parts import Region
 from .protocol import Series, in_float
 from .runs import fp32_logits, int8_logits, output_names, region_sums
+from .steering import top1_steering
 from .verdicts import attach, explain, with_intervals
 
 TOP5_FROM = 100   # classes from which the report shows top-5 too (ImageNet-style heads)
@@ -96,7 +97,8 @@ def judged(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, limits, output: st
     whole = [Region(output, output, (1,) + fp.shape[1:])]
     stats = region_sums({output: fp}, {output: q}, whole, len(fp))
     rows = with_intervals(region_rows(stats, whole, images or [""] * len(fp)), stats, r)
-    report = attach(report, figures, draws, r, limits, outputs=rows)
+    report = attach(report, figures, draws, r, limits, outputs=rows,
+                    steering=top1_steering(fp, q, r, limits.threshold))
     report["class_failures"] = [f["label"] for f in figures[1:] if f["verdict"] == FAIL]
     return report
 

@@ -8,16 +8,19 @@ quantize_with_accuracy_control.  Every step's accuracy is recorded.  Where the c
 (a detector's failing heads), each next op is the most sensitive on that (``rerank``).
 
 With ``settled`` (the build's: ``evaluation.intervals.settled``, every figure with a bootstrap interval) the
-roll-back stops at the verdict the gate would pass on the tuning images.  Where that asks for a PASS and the check
-is UNDECIDED -- its interval straddles the limit -- the next layer is rolled back only on trial (``closer``): kept
-if the check comes closer to passing, else put back and the roll-back stops, for what is left is what the tuning
-images cannot tell apart, not a layer (rolling layers back for noise would cost INT8 for nothing).
+roll-back stops at the verdict the gate would pass on the tuning images.  Every layer is rolled back on trial
+(``improves``): kept if the check comes closer to passing, else put back (the step marked ``undone``) and the next
+candidate tried, up to ``PATIENCE`` unhelpful trials in a row.  A layer whose roll-back did not help is never
+kept: shipping it in float16 would cost INT8 for nothing, and several layers that each cost a little are still
+found one by one.
 """
 from __future__ import annotations
 
 from typing import Callable
 
 from .qparams import QuantParams
+
+PATIENCE = 3   # unhelpful trials in a row after which the roll-back stops
 
 
 def without(qparams: QuantParams, nodes) -> QuantParams:
@@ -29,35 +32,45 @@ def roll_back(qparams: QuantParams, ranking: list[str], check: Callable[[QuantPa
               max_ops: int, fields: tuple[str, ...] = ("int8_top1", "drop"),
               rerank: Callable[[dict], list[str]] | None = None,
               settled: Callable[[dict], bool] | None = None,
-              closer: Callable[[dict, dict], bool | None] | None = None,
-              first: dict | None = None) -> tuple[QuantParams, list[dict]]:
+              improves: Callable[[dict, dict], bool] | None = None,
+              first: dict | None = None, patience: int = PATIENCE) -> tuple[QuantParams, list[dict]]:
     """(the selected parameters, the steps).  ``check(qparams)`` returns at least ``passed`` and ``fields``
     (the gate metric's step keys); each step records those with the ops in float at that point (and the check's
-    ``verdict`` and ``undecided`` labels where it gives them).
+    ``verdict``, ``undecided`` and ``steering`` where it gives them).
     ``rerank(result)``, when given, is the ranking the next op is taken from after a failed check;
     ``settled(result)``, when given, says when to stop instead of ``passed`` (``evaluation.intervals.settled``);
-    ``closer(result, before)``, when given, is None where the check before was a failure the roll-back must go
-    on from, else whether ``result`` is closer to passing than ``before``: a step that is not is marked
-    ``"undone": true``, its op put back, and the roll-back stops at the step before it.  ``first``, when given, is
-    ``check(qparams)`` already made (the recovery's): step 0 takes it instead of checking again."""
-    in_float: list[str] = []
+    ``improves(result, before)``, when given, says whether the check with one more layer in float is better than
+    the last kept one: a trial that neither settles nor improves is marked ``"undone": true`` and its op put back,
+    and the roll-back stops after ``patience`` such trials in a row.  ``first``, when given, is ``check(qparams)``
+    already made (the recovery's): step 0 takes it instead of checking again."""
     scopes = {q.node: q.scope for q in qparams.ops}
-    steps = []
     candidates = [n for n in ranking if n in scopes]
-    before = None
-    while True:
-        current = without(qparams, in_float)
-        result = first if first is not None and not in_float else check(current)
-        done = bool(settled(result) if settled else result["passed"])
-        steps.append({"float_ops": [{"node": n, "scope": scopes[n]} for n in in_float],
-                      "int8_ops": len(current.ops), **{k: result[k] for k in fields}, "passed": done,
-                      **({k: result[k] for k in ("verdict", "undecided") if k in result})})
-        if not done and before is not None and closer is not None and closer(result, before) is False:
+    is_settled = (lambda r: bool(settled(r))) if settled else (lambda r: bool(r["passed"]))
+
+    def step(in_float: list[str], result: dict, done: bool) -> dict:
+        return {"float_ops": [{"node": n, "scope": scopes[n]} for n in in_float],
+                "int8_ops": len(qparams.ops) - len(in_float), **{k: result[k] for k in fields}, "passed": done,
+                **({k: result[k] for k in ("verdict", "undecided", "steering") if k in result})}
+
+    kept: list[str] = []
+    rejected: set[str] = set()
+    before = first if first is not None else check(qparams)
+    done = is_settled(before)
+    steps = [step([], before, done)]
+    misses = 0
+    while not done and len(kept) < min(max_ops, len(candidates)) and misses < patience:
+        order = [n for n in rerank(before) if n in scopes] if rerank else candidates
+        nxt = next((n for n in order + candidates if n not in kept and n not in rejected), None)
+        if nxt is None:
+            break
+        trial = kept + [nxt]
+        result = check(without(qparams, trial))
+        done = is_settled(result)
+        steps.append(step(trial, result, done))
+        if done or improves is None or improves(result, before):
+            kept, before, misses = trial, result, 0
+        else:
             steps[-1]["undone"] = True
-            in_float.pop()
-            return without(qparams, in_float), steps
-        if done or len(in_float) >= min(max_ops, len(candidates)):
-            return current, steps
-        before = result
-        order = [n for n in rerank(result) if n in scopes] if rerank else candidates
-        in_float.append(next(n for n in order + candidates if n not in in_float))
+            rejected.add(nxt)
+            misses += 1
+    return without(qparams, kept), steps

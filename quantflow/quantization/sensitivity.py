@@ -99,10 +99,15 @@ class _ChannelShift:
 
 def figure(row: dict, outputs: list[str] | None = None, parts: list[str] | None = None) -> float:
     """The SQNR (dB) ``rank`` orders op row ``row`` by: the network's output with the op alone in INT8, all
-    outputs pooled; given ``outputs`` and/or ``parts``, the least SQNR among those outputs and parts (where the
-    row holds their figures; else pooled)."""
-    figures = [row.get("per_output", {}).get(o) for o in outputs or ()] + [
-        row.get("per_part", {}).get(p) for p in parts or ()]
+    outputs pooled; given ``outputs`` and/or ``parts``, the least SQNR among those outputs and parts, the region
+    that loses most (where the row holds their figures; else pooled).  A row without ``per_output`` is of a
+    network with one output: that output's figure is the pooled one."""
+    def of(key: str, name: str):
+        if key == "per_output" and key not in row:
+            return row["output"]
+        return row.get(key, {}).get(name)
+
+    figures = [of("per_output", o) for o in outputs or ()] + [of("per_part", p) for p in parts or ()]
     if figures and all(figures):
         return min(f["sqnr_db"] for f in figures)
     return row["output"]["sqnr_db"]
@@ -116,10 +121,10 @@ def rank(rows: list[dict], outputs: list[str] | None = None, parts: list[str] | 
 
 def focus_label(analysis: dict) -> str:
     """What an analysis's ranking measures (its ``focus``, set where a failing gate ranked it by what fails):
-    "network output", or the parts and outputs it ranks by."""
+    "network output", or the parts and outputs it ranks by (several: "worst of ...", the least SQNR among them)."""
     f = analysis.get("focus") or {}
     said = [f"part {p}" for p in f.get("parts", [])] + [f"output {o}" for o in f.get("outputs", [])]
-    return " / ".join(said) or "network output"
+    return ("worst of " if len(said) > 1 else "") + " / ".join(said) if said else "network output"
 
 
 @dataclass

@@ -18,6 +18,7 @@ import numpy as np
 from ..evaluation.intervals import number
 from ..evaluation.metrics import metric
 from ..evaluation.outputs import rows_details
+from ..evaluation.steering import line as steering_line
 from ..io.atomic import write_text
 from ..quantization.qparams import short_names
 from ..quantization.sensitivity import figure, focus_label
@@ -52,6 +53,12 @@ def _verdict_rows(m, gate: dict) -> list[list]:
         rows = [["held-out images", f"{gate['images']} (the gate's: none tuned on)"]] + m.summary_rows(gate) + [
             ["fallback tuned on", f"{t['images']} images: {t['source']}"],
             ["fallback's figure on them", f"{t['figure']} ({t.get('verdict', 'PASS' if t['passed'] else 'FAIL')})"]]
+    if gate.get("steering"):
+        rows.append(["steering figure (INT8 against FP32)", steering_line(gate["steering"])])
+    f16 = gate.get("float16_reference")
+    if f16:
+        rows.append(["for reference: no layer in INT8", f"{f16['figure']} ({f16['verdict']})"
+                     + (f"; {f16['steering_line']}" if f16.get("steering_line") else "")])
     return rows + [["INT8 ops", int8_ops(gate).replace(" INT8 ops", "")],
                    ["range method", gate.get("calibration_method", "?")]]
 
@@ -177,6 +184,9 @@ def render(title: str, gate: dict, sensitivity: dict | None, histograms: dict, f
         for row, st in zip(rows, steps):   # column 1: the layers in float16 at that step
             if st.get("undone"):
                 row[1] = f"{row[1]} (tried: no closer to passing, its last layer put back)"
+        if any(st.get("steering") for st in steps):   # what the fallback steered by (evaluation.steering)
+            head = [*head, "steering figure"]
+            rows = [[*row, steering_line(st["steering"]) if st.get("steering") else ""] for row, st in zip(rows, steps)]
         parts.append(_table(head, rows))
     parts.append("</section>")
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;"

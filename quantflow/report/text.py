@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..evaluation.intervals import line
 from ..evaluation.metrics import metric
+from ..evaluation.steering import line as steering_line
 
 
 def format_table(r: dict) -> str:
@@ -28,6 +29,13 @@ def format_table(r: dict) -> str:
         head.append(f"  the fallback tuned on {t['images']} other images ({t['source']}): {t['figure']} "
                     f"({t.get('verdict', 'PASS' if t['passed'] else 'FAIL')} there); the gate's figures below are on "
                     f"images it did not see")
+    if r.get("steering"):
+        head.append(f"  steering figure (INT8 against FP32, what the fallback steers by): "
+                    f"{steering_line(r['steering'])}")
+    f16 = r.get("float16_reference")
+    if f16:
+        head.append(f"  for reference, {f16['what']}: {f16['figure']} ({f16['verdict']} against the same limits)"
+                    + (f"; {f16['steering_line']}" if f16.get("steering_line") else ""))
     if r.get("precision_note"):
         head.append(f"  note: {r['precision_note']}")
     if r.get("float16_layers"):

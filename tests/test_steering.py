@@ -1,0 +1,138 @@
+"""Issue 36 part 1: the fallback steers by a low-variance figure of INT8 against FP32 tied to each gated one
+(quantflow.evaluation.steering), keeps going while the gate's verdict on the tuning images would not be PASS and
+that figure still improves, tries the next layers after one that does not help, and ships none that did not."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from quantflow.evaluation import steering
+from quantflow.evaluation.intervals import FAIL, PASS, UNDECIDED, settled
+from quantflow.evaluation.top1 import judged
+from quantflow.quantization.fallback import roll_back
+from quantflow.quantization.qparams import QuantizedOp, QuantParams
+from tasks.fallback import improves
+
+
+def _qparams(n=6) -> QuantParams:
+    return QuantParams("kl", [QuantizedOp(node=f"n{i}", scope=f"layer{i}", op="Conv2D", input=f"t{i}", scale_d=0.1,
+                                          offset_d=0, scale_w=np.ones(2), channel_axis=0,
+                                          weight=np.ones((2, 1, 1, 1), np.int8), bias=np.zeros(2, np.int32),
+                                          deq_scale=np.full(2, 0.1, np.float32)) for i in range(n)])
+
+
+def test_the_kl_divergence_of_softmaxes():
+    fp = np.array([[2.0, 0.0, -1.0], [0.0, 0.0, 0.0]])
+    assert steering.kl_divergence(fp, fp) == pytest.approx([0.0, 0.0], abs=1e-12)
+    q = np.array([[1.0, 0.5, -1.0], [0.0, 1.0, 0.0]])
+    p = np.exp(fp) / np.exp(fp).sum(1, keepdims=True)
+    r = np.exp(q) / np.exp(q).sum(1, keepdims=True)
+    assert steering.kl_divergence(fp, q) == pytest.approx(np.sum(p * np.log(p / r), 1))
+    s = steering.top1_steering(fp, q)
+    assert s["value"] == s["error"] == pytest.approx(np.mean(np.sum(p * np.log(p / r), 1)))
+    assert s["flip_rate"] == 0.5     # the second image's top-1 changes (ties: the first class)
+
+
+def test_the_region_figure_is_the_least_sqnr_of_the_finest_regions():
+    rows = [{"output": "out", "part": None, "sqnr_db": 40.0}, {"output": "out", "part": "boxes", "sqnr_db": 45.0},
+            {"output": "out", "part": "scores", "sqnr_db": 3.0}, {"output": "other", "part": None, "sqnr_db": 20.0}]
+    s = steering.region_steering(rows)
+    assert s["figure"] == "least SQNR dB (scores)" and s["value"] == 3.0 and s["error"] == pytest.approx(10 ** -0.3)
+    assert steering.region_steering(rows[:1])["value"] == 40.0 and steering.region_steering([]) is None
+
+
+def test_a_trial_is_judged_by_what_the_check_fails_on():
+    """The outputs a check fails on decide: a layer that lifts the failing output helps though the least SQNR (of
+    an output that passes) does not move; one that only lifts a passing output does not."""
+    old = {"error": 1e-3, "regions": {"a": 30.0, "b": 45.0}}
+    lifts_b = {"error": 1e-3, "regions": {"a": 30.0, "b": 50.0}}
+    lifts_a = {"error": 1e-3, "regions": {"a": 40.0, "b": 45.0}}
+    assert steering.helps(lifts_a, old, ["a"]) and not steering.helps(lifts_b, old, ["a"])
+    assert steering.helps(lifts_b, old, ["b"]) and not steering.helps(lifts_b, old, ["f1"])
+    assert improves({"steering": lifts_a}, {"steering": old, "failures": ["a"]})
+    assert not improves({"steering": lifts_b}, {"steering": old, "failures": [], "undecided": ["a"]})
+
+
+def test_a_trial_helps_when_it_removes_enough_of_the_error():
+    old = {"error": 1.0}
+    assert steering.helps({"error": 0.9}, old) and not steering.helps({"error": 0.97}, old)
+    assert improves({"steering": {"error": 0.5}, "figures": []}, {"steering": {"error": 1.0}, "figures": []})
+    assert not improves({"steering": {"error": 0.99}}, {"steering": {"error": 1.0}})
+
+
+def test_a_top1_report_carries_its_steering_figure():
+    from quantflow.config import EvaluationSection
+    from pathlib import Path
+
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(4), 10)
+    fp = rng.normal(size=(40, 4)) + 3 * np.eye(4)[labels]
+    q = fp + rng.normal(0, 0.3, fp.shape)
+    r = judged(fp, q, labels, EvaluationSection(data_dir=Path("e"), threshold=0.01))
+    assert r["steering"]["value"] == pytest.approx(float(np.mean(steering.kl_divergence(fp, q))))
+    assert r["steering"]["flip_rate"] == pytest.approx(1 - r["top1_agreement"])
+
+
+def _check(costs: dict, limit: float, width: float = 0.002):
+    """A check whose error is the sum of the costs of the layers still INT8: the gate's figure an error below
+    ``limit`` with an interval of ``width`` around it, the steering figure the error itself."""
+    def check(qp):
+        err = sum(costs.get(q.node, 0.0) for q in qp.ops)
+        low, high = err - width, err + width
+        verdict = PASS if high <= limit else FAIL if low > limit else UNDECIDED
+        return {"passed": verdict == PASS, "verdict": verdict, "error": err,
+                "figures": [{"value": err, "low": low, "high": high, "limit": limit, "kind": "max", "gated": True}],
+                "steering": {"figure": "error", "value": err, "error": err}}
+    return check
+
+
+def test_several_layers_that_each_cost_a_little_are_all_found_and_none_that_does_not_help_is_kept():
+    """n1, n3 and n5 each cost a little; n0, n2 and n4 (ranked among them) nothing.  Each costly layer helps and is
+    kept; each free one is tried, put back, and the next one tried, until the check PASSes."""
+    costs = {"n1": 0.01, "n3": 0.01, "n5": 0.01}
+    ranking = ["n0", "n1", "n2", "n3", "n4", "n5"]
+    selected, steps = roll_back(_qparams(), ranking, _check(costs, 0.005), max_ops=5, fields=("error",),
+                                settled=lambda r: settled(r["verdict"], "fail"), improves=improves)
+    kept = [s for s in steps[1:] if not s.get("undone")]
+    assert [f["node"] for f in kept[-1]["float_ops"]] == ["n1", "n3", "n5"] and kept[-1]["passed"]
+    assert [q.node for q in selected.ops] == ["n0", "n2", "n4"]
+    assert [s.get("undone", False) for s in steps] == [False, True, False, True, False, True, False]
+    assert [s["steering"]["value"] for s in kept] == pytest.approx([0.02, 0.01, 0.0])
+
+
+def test_the_roll_back_stops_after_patience_unhelpful_trials_in_a_row():
+    costs = {"n5": 0.01}
+    selected, steps = roll_back(_qparams(), ["n0", "n1", "n2", "n3", "n4", "n5"], _check(costs, 0.005), max_ops=5,
+                                fields=("error",), settled=lambda r: settled(r["verdict"], "fail"),
+                                improves=improves, patience=3)
+    assert len(steps) == 4 and all(s["undone"] for s in steps[1:]) and len(selected.ops) == 6
+
+
+def test_the_float16_reference_states_the_metric_figures_and_its_verdict():
+    """A gate that is not a PASS records what no layer in INT8 does to the same images (the float16 path alone),
+    so that INT8's damage can be told from FP32's own near-ties."""
+    from pathlib import Path
+
+    from quantflow.config import EvaluationSection
+    from quantflow.evaluation.metrics import metric
+    from tasks.gate import float16_reference
+
+    rng = np.random.default_rng(1)
+    labels = np.repeat(np.arange(4), 10)
+    fp = rng.normal(size=(40, 4)) + 3 * np.eye(4)[labels]
+    ref = judged(fp, fp + rng.normal(0, 1e-3, fp.shape), labels, EvaluationSection(data_dir=Path("e"), threshold=0.01))
+    r = float16_reference(metric("top1"), ref)
+    assert r["verdict"] == "PASS" and r["figure"].startswith("INT8 top-1 ") and r["drop"] == ref["drop"]
+    assert r["steering"]["flip_rate"] == 0.0 and r["steering_line"].startswith("mean KL divergence (nats) ")
+
+
+def test_a_tuning_figure_just_inside_its_limit_is_not_an_expected_pass_on_the_gates_images():
+    from quantflow.evaluation.intervals import expected_pass
+
+    near = {"value": 0.0138, "low": 0.0095, "high": 0.0189, "limit": 0.02, "kind": "max", "gated": True}
+    far = dict(near, value=0.010, low=0.007, high=0.013)
+    assert not expected_pass([near], 664, 1200) and expected_pass([far], 664, 1200)
+    # the more images the gate judges, the less of its own interval the figure needs to clear
+    edge = {"value": 0.95, "low": 0.93, "high": 0.97, "limit": 0.92, "kind": "min", "gated": True}
+    assert expected_pass([edge], 200, 20000) and not expected_pass([edge], 200, 50)
+    assert expected_pass([dict(near, gated=False)], 664, 1200)
