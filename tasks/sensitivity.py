@@ -72,10 +72,15 @@ def path(b) -> str | None:
 
 
 def ensure(b) -> dict:
-    """The analysis of build ``b``, run now (and kept under its key, as the stage would) when it has not run."""
+    """The analysis of build ``b``, run now (and kept under its key, as the stage would: pulled from the build's
+    artifact cache where it holds it, else run and pushed) when it has not run."""
     if not b.done(NAME):
-        _run(b)
+        pulled = b.pull(STAGE)
+        if not pulled:
+            _run(b)
         b.mark_done(NAME)
+        if not pulled:
+            b.push(STAGE)
     return read(b)
 
 
