@@ -136,3 +136,7 @@ def test_a_tuning_figure_just_inside_its_limit_is_not_an_expected_pass_on_the_ga
     edge = {"value": 0.95, "low": 0.93, "high": 0.97, "limit": 0.92, "kind": "min", "gated": True}
     assert expected_pass([edge], 200, 20000) and not expected_pass([edge], 200, 50)
     assert expected_pass([dict(near, gated=False)], 664, 1200)
+    # the gate's own interval counts: 0.017 [.., 0.019] on 600 images and the gate's 600 others passes the gate
+    # only where its value lands below 0.018, about three times in four: short of the five in six asked for
+    close = {"value": 0.017, "low": 0.015, "high": 0.019, "limit": 0.02, "kind": "max", "gated": True}
+    assert not expected_pass([close], 600, 600) and expected_pass([dict(close, value=0.0155, low=0.0135, high=0.0175)], 600, 600)

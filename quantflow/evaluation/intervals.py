@@ -130,18 +130,23 @@ def settled(v: str, on_undecided: str = "pass") -> bool:
     return v == PASS if on_undecided == "fail" else v != FAIL
 
 
+Z95 = 1.96   # the normal quantile of a two-sided 95% interval (expected_pass)
+
+
 def expected_pass(figures: list[dict], images: int, gate_images: int) -> bool:
     """Whether the gated ``figures``, measured on ``images`` tuning images, can be expected to PASS on the gate's
-    ``gate_images`` others: each figure's value, moved towards its limit by sqrt(h^2 + g^2) -- h its interval's
-    half-width on the limit's side (how far the figure itself may be off), g that half-width on the gate's image
-    count (h sqrt(images / gate_images): the gate's own interval) --, still meets the limit.  A tuning check just
-    inside its limit hands the gate a figure it cannot decide."""
+    ``gate_images`` others.  The gate PASSes a figure when its own interval's end is within the limit: g, the
+    tuning interval's half-width h on the limit's side scaled to the gate's image count (h sqrt(images /
+    gate_images)), past the value the gate measures; that value differs from the tuning one by sampling, with a
+    standard deviation of about sqrt(h^2 + g^2) / z.  So each figure's value, moved towards its limit by
+    g + sqrt(h^2 + g^2) / z (z = 1.96: the gate PASSes about five times in six), must still meet the limit.  A tuning
+    check just inside its limit hands the gate a figure it cannot decide."""
     for f in figures:
         if not f.get("gated", True) or f["value"] is None or f["low"] is None:
             continue
         h = (f["high"] - f["value"]) if f["kind"] == "max" else (f["value"] - f["low"])
         g = h * math.sqrt(images / gate_images) if gate_images else 0.0
-        reach = math.sqrt(h * h + g * g)
+        reach = g + math.sqrt(h * h + g * g) / Z95
         if (f["value"] + reach > f["limit"] + TOLERANCE) if f["kind"] == "max" else \
                 (f["value"] - reach < f["limit"] - TOLERANCE):
             return False
