@@ -74,6 +74,10 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
         report["precision_note"] = note
     if tuning:
         report.update(tuning=tuning, judged=list(ev.names))
+        easier = easier_tuning(tuning.get("steering"), report.get("steering"))
+        if easier:
+            tuning["note"] = easier
+            print(f"gate: note: {easier}")
     draws = report.pop(DRAWS, {})
     report["held_out"] = held_out_images(ev, fallback)
     if cfg.evaluation.baseline is not None:
@@ -158,7 +162,30 @@ def _tuning(cfg, fallback: dict, ev) -> dict | None:
     last = next(s for s in reversed(fallback["steps"]) if not s.get("undone"))   # the step whose parameters it kept
     return {"source": t["source"], "images": t["images"], "passed": last["passed"],
             "verdict": last.get("verdict", "PASS" if last["passed"] else "FAIL"),
-            "figure": metric(fallback.get("metric", cfg.evaluation.metric)).step_line(last)}
+            "figure": metric(fallback.get("metric", cfg.evaluation.metric)).step_line(last),
+            **({"steering": last["steering"]} if last.get("steering") else {})}
+
+
+EASIER = 3.0   # the steering error on the gate's images over that on the tuning images that the report points out
+
+
+def easier_tuning(tuned: dict | None, judged: dict | None) -> str | None:
+    """A note where INT8's steering error (``evaluation.steering``: the KL divergence, or the worst region's noise
+    power) on the gate's images is ``EASIER`` times or more what it was on the tuning images with the same
+    parameters: the fallback steered where INT8 looked far better than where it is judged -- typically tuning
+    images drawn from the training set (``tune_from = "calibration"`` on a calibration folder of training images),
+    on which a network is more certain.  None otherwise, or where either figure is missing."""
+    kind = lambda s: str(s.get("figure", "")).split(" (")[0]   # noqa: E731  (not which region is the worst)
+    if not tuned or not judged or kind(tuned) != kind(judged):
+        return None
+    mine, theirs = tuned.get("error"), judged.get("error")
+    if mine is None or theirs is None or theirs <= 0 or theirs < EASIER * mine:
+        return None
+    ratio = f"{theirs / mine:.1f}x" if mine > 0 else "far"
+    return (f"INT8's error against FP32 ({tuned['figure']}) is {ratio} larger on the gate's images "
+            f"({theirs:.3g}) than on the tuning images ({mine:.3g}): the tuning images look easier than the held-out "
+            f"ones (training images?), so the fallback saw less damage than the gate judges; give evaluation.tune_dir "
+            f'(held-out images of your own) or evaluation.tune_from = "held_out"')
 
 
 def _advice(sensitivity: dict, qp, cfg) -> str:

@@ -53,6 +53,8 @@ def _verdict_rows(m, gate: dict) -> list[list]:
         rows = [["held-out images", f"{gate['images']} (the gate's: none tuned on)"]] + m.summary_rows(gate) + [
             ["fallback tuned on", f"{t['images']} images: {t['source']}"],
             ["fallback's figure on them", f"{t['figure']} ({t.get('verdict', 'PASS' if t['passed'] else 'FAIL')})"]]
+        if t.get("note"):
+            rows.append(["note", t["note"]])
     if gate.get("steering"):
         rows.append(["steering figure (INT8 against FP32)", steering_line(gate["steering"])])
     f16 = gate.get("float16_reference")

@@ -29,6 +29,8 @@ def format_table(r: dict) -> str:
         head.append(f"  the fallback tuned on {t['images']} other images ({t['source']}): {t['figure']} "
                     f"({t.get('verdict', 'PASS' if t['passed'] else 'FAIL')} there); the gate's figures below are on "
                     f"images it did not see")
+        if t.get("note"):
+            head.append(f"  note: {t['note']}")
     if r.get("steering"):
         head.append(f"  steering figure (INT8 against FP32, what the fallback steers by): "
                     f"{steering_line(r['steering'])}")
