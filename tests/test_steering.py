@@ -60,6 +60,14 @@ def test_a_trial_helps_when_it_removes_enough_of_the_error():
     assert not improves({"steering": {"error": 0.99}}, {"steering": {"error": 1.0}})
 
 
+def _top1_check(fp, q, labels):
+    from pathlib import Path
+
+    from quantflow.config import EvaluationSection
+
+    return judged(fp, q, labels, EvaluationSection(data_dir=Path("e"), threshold=0.01))
+
+
 def test_a_top1_report_carries_its_steering_figure():
     from quantflow.config import EvaluationSection
     from pathlib import Path
@@ -156,3 +164,22 @@ def test_the_gate_points_out_tuning_images_on_which_int8_looked_far_better():
     assert easier_tuning(sqnr(36.9, "logits"), sqnr(30.0, "logits")) is not None
     assert easier_tuning(sqnr(36.9, "boxes"), sqnr(35.0, "scores")) is None
     assert easier_tuning(kl(0.003), sqnr(20.0, "scores")) is None   # not the same kind of figure
+
+
+def test_the_costly_recovery_is_kept_only_where_the_tuning_images_say_it_helps():
+    """Output-aware ranges and learned rounding are fitted to the recovery images; the check on the tuning images,
+    which they did not learn from, decides whether their parameters replace those they started from."""
+    from tasks.recover import costly_kept, undo
+
+    rng = np.random.default_rng(3)
+    labels = np.repeat(np.arange(3), 100)
+    fp = rng.normal(size=(300, 3)) + 4 * np.eye(3)[labels]
+    noise = rng.normal(0, 0.4, fp.shape)
+    first = _top1_check(fp, fp + noise, labels)
+    assert not costly_kept(first, _top1_check(fp, fp + 1.5 * noise, labels), "fail")   # worse on every image
+    assert costly_kept(first, _top1_check(fp, fp + 0.5 * noise, labels), "fail")       # better on every image
+    record = {"steps": [{"method": "equalize", "kept": True}, {"method": "ranges", "kept": True},
+                        {"method": "adaround", "kept": False}]}
+    undo(record, 1)
+    assert [s["kept"] for s in record["steps"]] == [True, False, False]
+    assert record["steps"][1]["undone_by"] == "tuning check" and "undone_by" not in record["steps"][2]

@@ -31,7 +31,7 @@ def section(record: dict | None) -> str:
         n = s["notes"]
         what = (f"{len(n['pairs'])} pair(s) equalized" if s["method"] == "equalize" else n.get("summary", ""))
         out.append(f"<p>{html.escape(s['method'])}: {html.escape(what)}"
-                   f"{'' if s['kept'] else ' (undone: it lowered the network output SQNR)'}.</p>")
+                   f"{'' if s['kept'] else _undone(s)}.</p>")
         if s["method"] == "equalize":
             alone = [a for a in n["left_alone"] if a["reason"] != "already balanced"]
             if alone:
@@ -50,3 +50,10 @@ def section(record: dict | None) -> str:
     out.append(f"<p>Output SQNR (dB) of each INT8 layer with every layer in INT8, against FP32:</p>"
                f"<table><tr>{head}</tr>{body}</table></section>")
     return "".join(out)
+
+
+def _undone(step: dict) -> str:
+    """Why a method's result was not kept."""
+    if step.get("undone_by") == "tuning check":
+        return " (undone: the check on the tuning images did not improve by the fallback's own rule)"
+    return " (undone: it lowered the network output SQNR)"
