@@ -55,5 +55,5 @@ def section(record: dict | None) -> str:
 def _undone(step: dict) -> str:
     """Why a method's result was not kept."""
     if step.get("undone_by") == "tuning check":
-        return " (undone: the check on the tuning images did not improve by the fallback's own rule)"
+        return " (undone: it made the check on the tuning images worse)"
     return " (undone: it lowered the network output SQNR)"
