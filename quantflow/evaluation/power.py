@@ -176,6 +176,12 @@ def max_flip_rate(r: Reach) -> float | None:
     return None if r.max_net_lost is None else r.images * r.limit ** 2 / z_of(r.confidence) ** 2
 
 
+def max_changed(images: int, limit: float, confidence: float) -> int:
+    """For a drop: the most images whose result INT8 may change on ``images`` images, as many lost as gained, with
+    the drop's interval still within ``limit``: (n t / z)^2, the count ``max_flip_rate`` is the share of."""
+    return int(math.floor((images * limit / z_of(confidence)) ** 2 + 1e-9))
+
+
 def line(r: Reach, folder_images: int | None = None) -> str:
     """One line: the figure, the gate's images, the images a PASS needs, a WARNING when they are too few.
     ``folder_images``: what the gate images are taken from (so that the line can say how big it must be)."""

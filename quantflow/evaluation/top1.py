@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..quantization.deploy import quantized_graph
-from .intervals import FAIL, figure, mean_replicates, resampling, subset_mean_replicates
+from .intervals import FAIL, UNDECIDED, figure, mean_replicates, resampling, subset_mean_replicates
 from .outputs import region_rows, rows_text
 from .parts import Region
+from .power import max_changed
 from .protocol import Series, in_float
 from .runs import fp32_logits, int8_logits, output_names, region_sums
 from .steering import top1_steering
@@ -56,6 +57,9 @@ def compare(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, threshold: float,
         "fp32_top1": fp_acc,
         "int8_top1": q_acc,
         "drop": drop,
+        # images whose correctness INT8 changes, each way: what a drop's interval is made of
+        "lost": int(np.sum((fp_pred == labels) & (q_pred != labels))),
+        "gained": int(np.sum((fp_pred != labels) & (q_pred == labels))),
         "threshold": threshold,
         "passed": bool(drop <= threshold + 1e-12) and not class_failures,
         "max_class_drop": max_class_drop,
@@ -100,7 +104,21 @@ def judged(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, limits, output: st
     report = attach(report, figures, draws, r, limits, outputs=rows,
                     steering=top1_steering(fp, q, r, limits.threshold))
     report["class_failures"] = [f["label"] for f in figures[1:] if f["verdict"] == FAIL]
+    # the most images whose correctness INT8 may change (as many lost as gained) for a PASS on these images
+    report["changes_allowed"] = max_changed(len(labels), limits.threshold, limits.confidence)
     return report
+
+
+def changed_line(r: dict) -> str:
+    """The images whose correctness INT8 changed, each way; for an UNDECIDED drop, beside how many a PASS on these
+    images allows (``power.max_changed``): whether the images, not INT8, are what the verdict waits for."""
+    said = (f"INT8 changed the correctness of {r['lost'] + r['gained']} of {r['images']} images: {r['lost']} lost, "
+            f"{r['gained']} gained")
+    drop = next((f for f in r.get("figures", []) if f["id"] == "drop"), None)
+    if drop and drop["verdict"] == UNDECIDED and "changes_allowed" in r:
+        said += (f"; a PASS on {r['images']} images allows about {r['changes_allowed']} changed, as many lost as "
+                 f"gained (fewer where more are lost)")
+    return said
 
 
 class Top1:
@@ -142,6 +160,8 @@ class Top1:
             f"  drop {r['drop'] * 100:+.2f} points (allowed {r['threshold'] * 100:.2f}); "
             f"top-1 agreement {r['top1_agreement'] * 100:.2f}%",
         ]
+        if "lost" in r:
+            lines.append("  " + changed_line(r))
         if "fp32_top5" in r:
             lines.append(f"  top-5: FP32 {r['fp32_top5'] * 100:.2f}%, INT8 {r['int8_top5'] * 100:.2f}% "
                          f"(drop {(r['fp32_top5'] - r['int8_top5']) * 100:+.2f} points; shown, not gated)")
@@ -176,7 +196,8 @@ class Top1:
         five = [["FP32 top-5", _pct(r["fp32_top5"])], ["INT8 top-5", _pct(r["int8_top5"])]] if "fp32_top5" in r else []
         return [["FP32 top-1", _pct(r["fp32_top1"])], ["INT8 top-1", _pct(r["int8_top1"])],
                 ["drop (points)", f"{r['drop'] * 100:+.2f}"], ["allowed drop (points)", f"{r['threshold'] * 100:.2f}"],
-                ["top-1 agreement", _pct(r["top1_agreement"])]] + five
+                ["top-1 agreement", _pct(r["top1_agreement"])]] + five + (
+            [["correctness changed by INT8", changed_line(r)]] if "lost" in r else [])
 
     def details(self, r: dict) -> tuple[str, str, list[str], list[list]]:
         """(section id, title, header, rows) of the HTML report's second section."""
