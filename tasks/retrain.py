@@ -16,7 +16,8 @@ the best of them (``.retrained``, ``retrained_step``).  What it started from is 
 then the retrained parameters, lower the loss beyond the sampling spread of the judged images (``choose``: a paired
 bootstrap, as the gate's intervals; ``gains``); ``kept``: "retrained", "equalized" or "started from".
 ``retrained.ckpt``: the learned float weights and biases of the INT8 ops (BatchNorm folded: ``<node>.weight`` /
-``<node>.bias``) and the ranges (``<tensor>.range``), as a MindSpore checkpoint; ``network/``: the fake-quant
+``<node>.bias``, and ``<node>.min_scale`` where a channel's weight step is held at the recovered one:
+``qat.start_weight``) and the ranges (``<tensor>.range``), as a MindSpore checkpoint; ``network/``: the fake-quant
 network's generated source.
 """
 from __future__ import annotations
@@ -200,6 +201,8 @@ def _save_checkpoint(path: Path, learned: dict, qp: QuantParams) -> None:
         v = learned[q.node]
         items += [{"name": f"{q.node}.weight", "data": ms.Tensor(v["weight"])},
                   {"name": f"{q.node}.bias", "data": ms.Tensor(v["bias"])}]
+        if np.any(v.get("min_scale", 0) > 0):   # the least weight steps (qat.start_weight), where there are any
+            items.append({"name": f"{q.node}.min_scale", "data": ms.Tensor(v["min_scale"])})
         ranges.setdefault(q.input, v["range"].astype(np.float32))
     items += [{"name": f"{t}.range", "data": ms.Tensor(v)} for t, v in ranges.items()]
     with atomic_path(path, in_folder=True) as tmp:

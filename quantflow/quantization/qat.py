@@ -14,14 +14,16 @@ line of ``construct`` in its registry entry's MindSpore form), with the device's
   weights as ``scheme.quantize_weight`` computes it), plus the int32 bias ``round_half_even(b / (scale_d
   scale_w))``; AscendDequant ``fp16(relu?(acc * float32(scale_d scale_w)))``.
 
-The trained values are the INT8 ops' float weights and biases (the folded graph's), each output channel's in units
+The trained values are the INT8 ops' float weights and biases (the folded graph's, where the INT8 weights are their
+rounding, else the INT8 weights dequantized: ``start_weight``), each output channel's in units
 of its calibrated INT8 weight step (a power of two near max|w| / 127; its bias in that step times a full-scale
 input: ``units``), so that a learning rate is a fraction of a grid step per step in every layer alike -- Adam moves
 every value by about the learning rate at first, which in absolute terms is nothing to one layer and a wholesale
 change to a layer of small weights -- and, with ``learn_ranges``,
 each quantized tensor's range [lo, hi] (``scheme.act_qparams``: one range per tensor, shared by the ops reading
 it); the roundings pass the gradient straight through, the saturations stop it outside their range, the
-per-channel weight scales follow the weights without a gradient.
+per-channel weight scales follow the weights without a gradient (not below the recovered step in a channel
+``start_weight`` changed).
 
 With ``learn_scales``, also a scale per channel between two INT8 convolutions ``L1 -> act -> L2`` (act nothing, a
 ReLU, PReLU or ReLU6; the tensor between read by ``L2`` only: ``recovery.equalize.find_pairs``): ``L1``'s output
@@ -106,7 +108,7 @@ class FakeQuantOp(nn.Cell):
     """One INT8 op (Conv2D, or a MatMul) in the device's arithmetic (module doc), reading the range [lo, hi] of
     its input tensor (a parameter of the network, shared by the ops reading that tensor)."""
 
-    def __init__(self, q: QuantizedOp, weight: np.ndarray, bias: np.ndarray, attrs: dict):
+    def __init__(self, q: QuantizedOp, weight: np.ndarray, floor: np.ndarray, bias: np.ndarray, attrs: dict):
         super().__init__()
         self.node = q.node
         self.relu = bool(q.relu)
@@ -127,6 +129,8 @@ class FakeQuantOp(nn.Cell):
         step = np.maximum(np.abs(np.asarray(weight, np.float64)).max(axis=self.reduce) / 127.0,
                           np.abs(np.asarray(bias, np.float64)) / (q.scale_d * scheme.BIAS_LIMIT))
         self.dead = Tensor(step < DEAD_STEP)
+        self.min_scale = np.asarray(floor, np.float64)                      # the least step (start_weight)
+        self.floor = Tensor(self.min_scale.astype(np.float32))
         self.in_shape = in_channel_shape(q, weight, attrs)           # a scale of the input channels, likewise
         if q.op == "Conv2D":
             cout, _, kh, kw = weight.shape
@@ -157,7 +161,8 @@ class FakeQuantOp(nn.Cell):
         bias = ops.where(self.dead, ops.zeros_like(bias), bias)
         amax = ops.amax(ops.abs(weight), self.reduce)
         scale_w = ops.where(amax > 0, amax / 127.0, ops.ones_like(amax))
-        scale_w = ops.stop_gradient(ops.maximum(scale_w, ops.abs(bias) / (scale_d * scheme.BIAS_LIMIT)))
+        scale_w = ops.maximum(scale_w, ops.abs(bias) / (scale_d * scheme.BIAS_LIMIT))
+        scale_w = ops.stop_gradient(ops.maximum(scale_w, self.floor * s_out))
         w_q = ops.clip_by_value(ste_round(weight / scale_w.reshape(self.w_shape)), -127.0, 127.0)
         deq = scale_d * scale_w                                      # AscendDequant's deq_scale
         b_q = ste_round(bias / deq)
@@ -196,6 +201,23 @@ def scaled_pairs(graph: Graph, qparams: QuantParams) -> list:
 def initial_range(q: QuantizedOp) -> tuple[float, float]:
     """A range [lo, hi] whose ``scheme.act_qparams`` are ``q``'s scale_d and offset_d (exactly the int8 grid)."""
     return (scheme.QMIN - q.offset_d) * q.scale_d, (scheme.QMAX - q.offset_d) * q.scale_d
+
+
+def start_weight(q: QuantizedOp, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the float weights the training starts from, each output channel's least weight step): the graph's
+    ``weight``, but where ``q.weight`` is not their rounding (``scheme.quantize_weight``: the recovery rounded them
+    the other way, AdaRound, a third of MobileNetV3-small's), the INT8 weight dequantized -- so that the fake-quant
+    network starts as the INT8 network, not as the one before the recovery.  In a channel so changed the step is
+    kept at least ``q.scale_w`` (else 0: the scheme's own): AdaRound may round the weight on -127 of the grid to
+    -126, and no float weights then have max|w| / 127 for their step."""
+    w_q, scale_w = scheme.quantize_weight(weight, q.channel_axis, _float_bias(q), q.scale_d)
+    shape = [1] * q.weight.ndim
+    shape[q.channel_axis] = -1
+    dequantized = q.weight.astype(np.float64) * np.asarray(q.scale_w, np.float64).reshape(shape)
+    same = w_q == q.weight
+    changed = (scale_w != q.scale_w) | ~np.moveaxis(same, q.channel_axis, 0).reshape(len(q.scale_w), -1).all(axis=1)
+    return (np.where(same, weight, dequantized).astype(np.float32),
+            np.where(changed, np.asarray(q.scale_w, np.float64), 0.0))
 
 
 def _float_bias(q: QuantizedOp) -> np.ndarray:
@@ -263,6 +285,20 @@ def batch_free(graph: Graph) -> Graph:
     return g
 
 
+def _gated(gate: str):
+    """``x * gate(x)`` as the emulation computes it at opset 13 (``engine.lowering``: HSwish lowered to HardSigmoid
+    and Mul, SiLU to Sigmoid and Mul, each rounded to float16): the gate rounded to float16 before the product
+    (the product of two float16 numbers is exact in float32; the outer rounding is the generic one).  Rounded once,
+    as the registry's MindSpore form computes it, a quarter of MobileNetV3-small's hard-swish outputs are one float16
+    ulp off the emulator's, and the INT8 layers after them requantize those into a different network."""
+    return lambda node, w: f"({w.x(node, 0)} * round16({w.prim(gate)}({w.x(node, 0)})))"
+
+
+# float ops whose emulation rounds an inner step to float16, written here as it does (the others: the registry's
+# MindSpore form, rounded once)
+QAT_FORMS = {"HSwish": _gated("ops.HSigmoid()"), "SiLU": _gated("ops.Sigmoid()")}
+
+
 def write_qat_net(graph: Graph, qparams: QuantParams, out_dir: Path, pairs: list = ()) -> tuple[Path, Path]:
     """``qat_net.py`` / ``qat_net.npz`` for the folded ``graph`` with ``qparams``' INT8 ops as ``FakeQuantOp``,
     and a learned channel scale ``u<k>`` for each of ``pairs`` (``scaled_pairs``)."""
@@ -319,9 +355,10 @@ def write_qat_net(graph: Graph, qparams: QuantParams, out_dir: Path, pairs: list
                     f"{scale_out[node.name]}, {scale_in[node.name]})")
         else:
             op = get_op(node.op, node.name)
-            if op.to_mindspore is None:
+            form = QAT_FORMS.get(node.op, op.to_mindspore)
+            if form is None:
                 raise UnsupportedNetworkError(f"node {node.label}: {node.op} has no MindSpore form for retraining")
-            expr = op.to_mindspore(node, w)
+            expr = form(node, w)
             if isinstance(expr, tuple):   # several outputs (Split): each rounded on its own line
                 expr, count = expr
                 names = [f"v{i}_{k}" for k in range(count)]
@@ -358,8 +395,8 @@ class FakeQuantNet:
         self.tensors = list(dict.fromkeys(q.input for q in qparams.ops))
         self.pairs = scaled_pairs(graph, qparams) if learn_scales else []
         nodes = {n.name: n for n in graph.nodes}
-        fq = [FakeQuantOp(q, graph.initializers[nodes[q.node].inputs[1]], _float_bias(q), nodes[q.node].attrs)
-              for q in qparams.ops]
+        fq = [FakeQuantOp(q, *start_weight(q, graph.initializers[nodes[q.node].inputs[1]]), _float_bias(q),
+                          nodes[q.node].attrs) for q in qparams.ops]
         py, npz = write_qat_net(graph, qparams, work_dir, self.pairs)
         name = f"quantflow_qat_{abs(hash(str(py)))}"
         spec = importlib.util.spec_from_file_location(name, py)
@@ -400,12 +437,18 @@ class FakeQuantNet:
 
     def learned(self) -> dict[str, dict[str, np.ndarray]]:
         """node -> {"weight", "bias"} (float32) of every INT8 op, its channels rescaled where it is in a rescaled
-        pair (as ``FakeQuantOp`` computes them), and per quantized tensor its ``range``."""
+        pair (as ``FakeQuantOp`` computes them), its least weight steps ``min_scale`` (``start_weight``, rescaled
+        likewise), and per quantized tensor its ``range``."""
         out, scales = {}, list(self.channel_scales().values())
         for q, f in zip(self.qparams.ops, self.cell.fq):
             weight, bias = self._rescaled(q, f, f.weight.asnumpy().astype(np.float64) * f.w_unit.reshape(f.w_shape),
                                           f.bias.asnumpy().astype(np.float64) * f.b_unit, scales)
-            out[q.node] = {"weight": weight.astype(np.float32), "bias": bias.astype(np.float32)}
+            floor = f.min_scale
+            for p, s in zip(self.pairs, scales):   # as FakeQuantOp scales it: with the output channels
+                if p.l1.name == q.node:
+                    floor = floor * s
+            out[q.node] = {"weight": weight.astype(np.float32), "bias": bias.astype(np.float32),
+                           "min_scale": floor}
         for t, tensor in enumerate(self.tensors):
             lo, hi = (float(getattr(self.cell, f"{k}{t}").asnumpy()) for k in ("lo", "hi"))
             for q in self.qparams.ops:
@@ -450,7 +493,8 @@ class FakeQuantNet:
 
 def requantize(qparams: QuantParams, learned: dict, learn_ranges: bool) -> QuantParams:
     """``qparams`` with every INT8 op's weight, bias and deq_scale quantized from ``learned`` (node ->
-    {"weight", "bias", "range"}); scale_d / offset_d from the learned range when ``learn_ranges``."""
+    {"weight", "bias", "range"(, "min_scale": the least weight steps)}); scale_d / offset_d from the learned range
+    when ``learn_ranges``."""
     ops = []
     for q in qparams.ops:
         v = learned[q.node]
@@ -459,7 +503,7 @@ def requantize(qparams: QuantParams, learned: dict, learn_ranges: bool) -> Quant
             lo, hi = (float(x) for x in v["range"])
             scale_d, offset_d = scheme.act_qparams(lo, hi)
             stats.update(lo=lo, hi=hi)
-        w_q, scale_w = scheme.quantize_weight(v["weight"], q.channel_axis, v["bias"], scale_d)
+        w_q, scale_w = scheme.quantize_weight(v["weight"], q.channel_axis, v["bias"], scale_d, v.get("min_scale"))
         ops.append(replace(q, scale_d=scale_d, offset_d=offset_d, scale_w=scale_w, weight=w_q,
                            bias=scheme.quantize_bias(v["bias"], scale_d, scale_w, q.scope),
                            deq_scale=scheme.deq_scale(scale_d, scale_w), stats=stats))

@@ -47,14 +47,17 @@ def weight_channel_axis(op: str, attrs: dict) -> int:
 
 
 def quantize_weight(w: np.ndarray, axis: int, bias: np.ndarray | None = None,
-                    scale_d: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    scale_d: float | None = None, min_scale: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(w_q int8, scale_w float64 per output channel); given the float ``bias`` and the input's ``scale_d``, no
-    channel's scale is so small that its bias leaves int32 (module doc)."""
+    channel's scale is so small that its bias leaves int32 (module doc); nor, given ``min_scale`` (per output
+    channel, 0 for none), below that."""
     wm = np.moveaxis(np.asarray(w, np.float64), axis, 0)
     amax = np.abs(wm.reshape(wm.shape[0], -1)).max(axis=1)
     scale = np.where(amax > 0, amax / WMAX, 1.0)
     if bias is not None:
         scale = np.maximum(scale, np.abs(np.asarray(bias, np.float64)) / (scale_d * BIAS_LIMIT))
+    if min_scale is not None:
+        scale = np.maximum(scale, np.asarray(min_scale, np.float64))
     q = np.clip(np.rint(wm / scale.reshape((-1,) + (1,) * (wm.ndim - 1))), -WMAX, WMAX)
     return np.moveaxis(q, 0, axis).astype(np.int8), scale
 
