@@ -198,8 +198,8 @@ def fallback_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, aipp_dir:
         on_undecided = cfg.evaluation.on_undecided
         qp, steps = roll_back(qp, sensitivity["ranking"], check, q.max_fallback, m.step_keys,
                               rerank=focus_ranking(sensitivity, m, names),
-                              settled=lambda report: tuning_settled(report, on_undecided, len(judge)),
-                              improves=improves, first=first)
+                              settled=lambda report, looks: tuning_settled(report, on_undecided, len(judge), looks),
+                              improves=improves, first=first, looks=first.get("looks", 1) if first else 0)
         final = next(st for st in reversed(steps) if not st.get("undone"))
         result = {"mode": "auto", "metric": m.name, "max_fallback": q.max_fallback, "steps": steps,
                   "float_ops": final["float_ops"], "passed": final["passed"],
@@ -209,7 +209,9 @@ def fallback_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, aipp_dir:
             steer = f", {steering_line(st['steering'])}" if st.get("steering") else ""
             verdict = st.get("verdict", "PASS" if st["passed"] else "FAIL")
             if verdict == "PASS" and not st["passed"]:
-                verdict += " (not settled: its worst case, or the gate's own interval on its images, misses the limit)"
+                verdict += (" (not settled: its worst case, or the gate's own interval on its images"
+                            + (f" with the margin of its check {st['looks']} of these images" if st.get("looks", 1) > 1
+                               else "") + ", misses the limit)")
             print(f"fallback step {i}: {st['int8_ops']} INT8 ops, {m.step_line(st)}{steer} {verdict}; "
                   f"in float16: {names}"
                   + ("; did not help: its last layer is put back" if st.get("undone") else ""))
@@ -218,17 +220,18 @@ def fallback_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, aipp_dir:
     return result
 
 
-def tuning_settled(report: dict, on_undecided: str, gate_images: int | None = None) -> bool:
+def tuning_settled(report: dict, on_undecided: str, gate_images: int | None = None, looks: int = 1) -> bool:
     """The roll-back's (and the recovery's) stopping rule on a check of the tuning images: the verdict the gate
     would pass there (``intervals.settled``); where the metric's steering figure has one, its worst case within the
     gate's limit (``steering.worst_case_settled``: top-1's flip rate); and, where the gate asks for a decided PASS
     (``evaluation.on_undecided = "fail"``) and judges ``gate_images``, the PASS it can expect there
-    (``intervals.expected_pass``): a figure just inside its limit on the tuning images is UNDECIDED on the gate's."""
+    (``intervals.expected_pass``): a figure just inside its limit on the tuning images is UNDECIDED on the gate's.
+    ``looks``: the checks of these tuning images made so far, this one among them (the margin grows with them)."""
     from quantflow.evaluation.intervals import expected_pass, settled
     from quantflow.evaluation.steering import worst_case_settled
 
     expected = (on_undecided != "fail" or not gate_images or "figures" not in report
-                or expected_pass(report["figures"], report.get("images", 0), gate_images))
+                or expected_pass(report["figures"], report.get("images", 0), gate_images, looks))
     return settled(report["verdict"], on_undecided) and worst_case_settled(report, on_undecided) and expected
 
 

@@ -73,3 +73,6 @@ def test_as_shipped_recovery_runs_before_the_fallback(project):
     # as JSON, not a pickle: artifacts cross machines through the cache
     made = json.loads((Path(latest["artifacts"]["recover"]) / TUNING_CHECK).read_text())
     assert (made["passed"], made["verdict"]) == (last["passed"], last["verdict"])
+    # and how many checks of the tuning images it made (the fallback's margin grows with them)
+    assert made["looks"] == (2 if after else 1) and fallback["steps"][0]["looks"] == made["looks"]
+    assert [s["looks"] for s in fallback["steps"]] == list(range(made["looks"], made["looks"] + len(fallback["steps"])))

@@ -178,7 +178,7 @@ def test_the_fallback_stops_once_what_is_left_is_within_the_interval():
 
     ranking = ["n0", "n1", "n2", "n3"]
     selected, steps = roll_back(_qparams(), ranking, check, max_ops=4, fields=("least_cosine", "failures"),
-                                settled=lambda r: intervals.settled(r["verdict"]))
+                                settled=lambda r, _looks: intervals.settled(r["verdict"]))
     assert [s["verdict"] for s in steps] == [FAIL, FAIL, UNDECIDED]
     assert [f["node"] for f in steps[-1]["float_ops"]] == ["n0", "n1"] and steps[-1]["passed"] is True
     assert steps[-1]["least_cosine"] < limit                      # the point figure alone would roll back more
@@ -203,7 +203,7 @@ def test_when_undecided_fails_the_build_the_fallback_goes_on_while_each_layer_he
 
     selected, steps = roll_back(_qparams(), ["n0", "n1", "n2", "n3"], check, max_ops=4,
                                 fields=("least_cosine", "failures"),
-                                settled=lambda r: intervals.settled(r["verdict"], "fail"), improves=_improves)
+                                settled=lambda r, _looks: intervals.settled(r["verdict"], "fail"), improves=_improves)
     assert [s["verdict"] for s in steps] == [FAIL, FAIL, FAIL, UNDECIDED, UNDECIDED]
     assert [s.get("undone", False) for s in steps] == [False, False, False, False, True]
     assert [f["node"] for f in steps[-1]["float_ops"]] == ["n0", "n1", "n2", "n3"]
@@ -224,7 +224,7 @@ def test_a_layer_that_does_not_help_is_put_back_and_the_next_one_tried():
         return _outputs(0.3 + 1.0 * len({"n0"} & {q.node for q in qp.ops}), parts=part)
 
     selected, steps = roll_back(_qparams(), ["n0", "n1", "n2", "n3"], check, max_ops=4,
-                                fields=("least_cosine",), settled=lambda r: intervals.settled(r["verdict"], "fail"),
+                                fields=("least_cosine",), settled=lambda r, _looks: intervals.settled(r["verdict"], "fail"),
                                 improves=_improves, patience=2)
     assert [s["verdict"] for s in steps] == [FAIL, UNDECIDED, UNDECIDED, UNDECIDED]
     assert [s.get("undone", False) for s in steps] == [False, False, True, True]
@@ -232,7 +232,7 @@ def test_a_layer_that_does_not_help_is_put_back_and_the_next_one_tried():
     assert [q.node for q in selected.ops] == ["n1", "n2", "n3"]
     # under "warn" the UNDECIDED check settles at once, the trial rule never runs
     _, warned = roll_back(_qparams(), ["n0", "n1", "n2", "n3"], check, max_ops=4, fields=("least_cosine",),
-                          settled=lambda r: intervals.settled(r["verdict"], "warn"), improves=_improves)
+                          settled=lambda r, _looks: intervals.settled(r["verdict"], "warn"), improves=_improves)
     assert [s["verdict"] for s in warned] == [FAIL, UNDECIDED] and not any(s.get("undone") for s in warned)
 
 
@@ -246,7 +246,7 @@ def test_a_layer_that_does_not_help_a_failing_check_is_not_shipped_in_float16():
         return _outputs(0.3 + 3.0 * ("n0" in {q.node for q in qp.ops}), parts=part)
 
     selected, steps = roll_back(_qparams(), ["n1", "n0", "n2", "n3"], check, max_ops=4, fields=("least_cosine",),
-                                settled=lambda r: intervals.settled(r["verdict"], "pass"), improves=_improves)
+                                settled=lambda r, _looks: intervals.settled(r["verdict"], "pass"), improves=_improves)
     assert [s["verdict"] for s in steps][:2] == [FAIL, FAIL] and steps[1]["undone"]
     assert [f["node"] for f in steps[2]["float_ops"]] == ["n0"] and steps[2]["passed"]
     assert [q.node for q in selected.ops] == ["n1", "n2", "n3"]

@@ -355,8 +355,8 @@ def test_roll_back_follows_the_ranking_and_stops_when_the_check_passes():
         assert s["int8_ops"] == 5 - k == len(check.seen[k])
         assert s["int8_top1"] == pytest.approx(0.9 - 0.1 * (3 - k))
         assert s["drop"] == pytest.approx(0.1 * (3 - k))
-        assert s["passed"] is (k == 3)
-        assert set(s) == {"float_ops", "int8_ops", "int8_top1", "drop", "passed"}
+        assert s["passed"] is (k == 3) and s["looks"] == k + 1   # the checks made so far, this one among them
+        assert set(s) == {"float_ops", "int8_ops", "int8_top1", "drop", "passed", "looks"}
 
 
 def test_roll_back_takes_a_check_already_made_as_its_first_step():
@@ -379,7 +379,7 @@ def test_roll_back_of_a_passing_quantization_is_one_step():
     qp = fake_qparams()
     selected, steps = roll_back(qp, ["n0", "n1"], FakeCheck(set()), max_ops=3)
     assert [q.node for q in selected.ops] == [q.node for q in qp.ops]
-    assert steps == [{"float_ops": [], "int8_ops": 5, "int8_top1": 0.9, "drop": 0.0, "passed": True}]
+    assert steps == [{"float_ops": [], "int8_ops": 5, "int8_top1": 0.9, "drop": 0.0, "passed": True, "looks": 1}]
 
 
 def test_roll_back_stops_at_max_ops():

@@ -31,31 +31,36 @@ def without(qparams: QuantParams, nodes) -> QuantParams:
 def roll_back(qparams: QuantParams, ranking: list[str], check: Callable[[QuantParams], dict],
               max_ops: int, fields: tuple[str, ...] = ("int8_top1", "drop"),
               rerank: Callable[[dict], list[str]] | None = None,
-              settled: Callable[[dict], bool] | None = None,
+              settled: Callable[[dict, int], bool] | None = None,
               improves: Callable[[dict, dict], bool] | None = None,
-              first: dict | None = None, patience: int = PATIENCE) -> tuple[QuantParams, list[dict]]:
+              first: dict | None = None, patience: int = PATIENCE,
+              looks: int = 0) -> tuple[QuantParams, list[dict]]:
     """(the selected parameters, the steps).  ``check(qparams)`` returns at least ``passed`` and ``fields``
     (the gate metric's step keys); each step records those with the ops in float at that point (and the check's
     ``verdict``, ``undecided`` and ``steering`` where it gives them).
     ``rerank(result)``, when given, is the ranking the next op is taken from after a failed check;
-    ``settled(result)``, when given, says when to stop instead of ``passed`` (``evaluation.intervals.settled``);
+    ``settled(result, looks)``, when given, says when to stop instead of ``passed`` (``evaluation.intervals.settled``),
+    ``looks`` the checks of the same images made so far, this one among them (step i records it: stopping at the
+    first of many checks to clear a margin favours noise, so the build's rule asks more of later ones);
     ``improves(result, before)``, when given, says whether the check with one more layer in float is better than
     the last kept one: a trial that neither settles nor improves is marked ``"undone": true`` and its op put back,
     and the roll-back stops after ``patience`` such trials in a row.  ``first``, when given, is ``check(qparams)``
-    already made (the recovery's): step 0 takes it instead of checking again."""
+    already made (the recovery's): step 0 takes it instead of checking again; ``looks``, the checks made before
+    this roll-back (``first`` the last of them)."""
     scopes = {q.node: q.scope for q in qparams.ops}
     candidates = [n for n in ranking if n in scopes]
-    is_settled = (lambda r: bool(settled(r))) if settled else (lambda r: bool(r["passed"]))
+    is_settled = (lambda r, n: bool(settled(r, n))) if settled else (lambda r, n: bool(r["passed"]))
 
     def step(in_float: list[str], result: dict, done: bool) -> dict:
         return {"float_ops": [{"node": n, "scope": scopes[n]} for n in in_float],
                 "int8_ops": len(qparams.ops) - len(in_float), **{k: result[k] for k in fields}, "passed": done,
-                **({k: result[k] for k in ("verdict", "undecided", "steering") if k in result})}
+                "looks": looks, **({k: result[k] for k in ("verdict", "undecided", "steering") if k in result})}
 
     kept: list[str] = []
     rejected: set[str] = set()
     before = first if first is not None else check(qparams)
-    done = is_settled(before)
+    looks = max(looks, 1) if first is not None else looks + 1
+    done = is_settled(before, looks)
     steps = [step([], before, done)]
     misses = 0
     while not done and len(kept) < min(max_ops, len(candidates)) and misses < patience:
@@ -65,7 +70,8 @@ def roll_back(qparams: QuantParams, ranking: list[str], check: Callable[[QuantPa
             break
         trial = kept + [nxt]
         result = check(without(qparams, trial))
-        done = is_settled(result)
+        looks += 1
+        done = is_settled(result, looks)
         steps.append(step(trial, result, done))
         if done or improves is None or improves(result, before):
             kept, before, misses = trial, result, 0
