@@ -72,9 +72,10 @@ CASES = {
     "yolov8n_identity_faces": Case("yolov8n_nudenet", 264, 400, kind="faces", identity_head=True, channel_scale=False,
                                    sample=64),
     "yolox": Case("yolox_ddddocr", 16, 32),
-    # issue 36 part 1: ddddocr's CNN+BiLSTM captcha reader (init's ctc gate), many near-ties for FP32 itself; 64
-    # images calibrate, the other 600 of the calibration folder tune, the gate judges all 1200 held-out images
-    "crnn": Case("crnn_ddddocr", 664, 1200, sample=64),
+    # issue 36 part 1: ddddocr's CNN+BiLSTM captcha reader (init's ctc gate), many near-ties for FP32 itself; 200
+    # images calibrate (init's count), the other 464 of the calibration folder tune, the gate judges all 4800
+    # held-out images: INT8's CER sits near init's 0.02 limit, and 1200 images left that UNDECIDED
+    "crnn": Case("crnn_ddddocr", 664, 4800, sample=200),
     "picodet": Case("picodet_layout", 16, 16),
     "ppocr_det": Case("ppocr_det", 16, 16),
 }
