@@ -41,6 +41,74 @@ def test_the_region_figure_is_the_least_sqnr_of_the_finest_regions():
     assert steering.region_steering(rows[:1])["value"] == 40.0 and steering.region_steering([]) is None
 
 
+def test_the_least_sqnr_of_named_sums():
+    s = steering.least_sqnr({"scores": (1.0, 100.0), "boxes": (1.0, 1e4), "clean": (0.0, 5.0)})
+    assert s["figure"] == "least SQNR dB (scores)" and s["value"] == pytest.approx(20.0)
+    assert s["error"] == pytest.approx(0.01) and s["regions"] == {"scores": 20.0, "boxes": 40.0, "clean": np.inf}
+
+
+def test_a_metric_of_its_own_steers_where_its_number_fails_and_a_part_where_the_part_fails():
+    """A task metric's own figure (the detection metric's scores at the detections) carries the parts' SQNRs: a
+    check failing on f1 is judged by the metric's figure, one failing on a part by that part."""
+    from quantflow.evaluation.task import steering_of
+
+    parts = steering.region_steering([{"output": "out", "part": "boxes", "sqnr_db": 40.0},
+                                      {"output": "out", "part": "scores", "sqnr_db": 3.0}])
+    own = steering.least_sqnr({"scores at the detections": (1.0, 10.0)})
+    s = steering_of(own, parts)
+    assert s["value"] == 10.0 and s["regions"] == {"boxes": 40.0, "scores": 3.0, "scores at the detections": 10.0}
+    assert steering_of(None, parts) is parts and steering_of(own, None)["regions"] == own["regions"]
+    better_own = steering_of(steering.least_sqnr({"scores at the detections": (1.0, 20.0)}), parts)
+    better_part = steering_of(own, dict(parts, regions={"boxes": 40.0, "scores": 20.0}))
+    assert improves({"steering": better_own}, {"steering": s, "failures": ["f1"]})
+    assert not improves({"steering": better_part}, {"steering": s, "failures": ["f1"]})
+    assert improves({"steering": better_part}, {"steering": s, "failures": ["scores"]})
+    assert not improves({"steering": better_own}, {"steering": s, "failures": ["scores"]})
+
+
+USER_STEERING = """
+class Counted:
+    def batch(self, fp32, int8, batch):
+        return 1
+
+    def summarize(self, records):
+        return {"n": len(records)}
+
+    def steering(self, records):
+        return {"figure": "my error", "value": 2.0 * len(records), "error": 2.0 * len(records)}
+
+
+class Garbled(Counted):
+    def steering(self, records):
+        return {"value": 1.0}
+
+
+class Silent(Counted):
+    def steering(self, records):
+        return None
+"""
+
+
+def test_a_task_metric_class_may_give_its_own_steering_figure(tmp_path, monkeypatch):
+    import sys
+
+    from quantflow.errors import QuantflowError
+    from quantflow.evaluation.task import TaskMetric
+
+    name = f"user_steering_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(USER_STEERING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert TaskMetric(f"{name}:Counted", {}).steering([1, 1]) == {"figure": "my error", "value": 4.0,
+                                                                       "error": 4.0, "regions": {}}
+        assert TaskMetric(f"{name}:Silent", {}).steering([1]) is None
+        with pytest.raises(QuantflowError, match=rf"evaluation.metric {name}:Garbled: steering returned "
+                                                 r"\{'value': 1.0\}, not None or a dict"):
+            TaskMetric(f"{name}:Garbled", {}).steering([1])
+    finally:
+        sys.modules.pop(name, None)
+
+
 def test_a_trial_is_judged_by_what_the_check_fails_on():
     """The outputs a check fails on decide: a layer that lifts the failing output helps though the least SQNR (of
     an output that passes) does not move; one that only lifts a passing output does not."""

@@ -91,6 +91,57 @@ def test_detections_of_int8_against_fp32():
     assert none["f1"] is None and none["fp32_detections"] == 0
 
 
+def test_the_detection_steering_figure_is_the_scores_and_boxes_near_the_threshold():
+    """The fallback's figure for the detection metric: the SQNR of the score and of the box at every anchor and
+    class either network scores at least half the threshold (FP32's boxes, matched or missed, INT8's extra ones,
+    the near-misses of both), not at the background anchors no network scores near it."""
+    m = det.Detection(labels=False)                                  # score_threshold 0.25: the band from 0.125
+    fp = _yolov8()
+    same = m.steering(m.batch({"o": fp}, {"o": fp.copy()}, _batch()))
+    assert same["value"] == float("inf") and same["error"] == 0.0
+    assert same["figure"] == "least SQNR dB (scores near the threshold)"
+    # every background score moved, all below the band in both: nothing a box could show
+    noisy = fp.copy()
+    noisy[:, 4:, 3:] = 0.1 - noisy[:, 4:, 3:]
+    assert m.steering(m.batch({"o": fp}, {"o": noisy}, _batch()))["value"] == float("inf")
+    # in every image: one object's score halved (0.9 -> 0.45, still detected), one lost (0.9 -> 0.1, missed), an
+    # extra INT8 detection at a background anchor, and a near-miss neither detects (0.2 in FP32, 0.24 in INT8)
+    q = fp.copy()
+    boxes, cls = _image_boxes()
+    q[:, 4 + cls[0], 0], q[:, 4 + cls[1], 1] = 0.45, 0.1
+    q[:, 4, 7] = 0.5
+    fp2 = fp.copy()
+    fp2[:, 5, 8], q[:, 5, 8] = 0.2, 0.24
+    s = m.steering(m.batch({"o": fp2}, {"o": q}, _batch()))
+    noise = 0.45 ** 2 + 0.8 ** 2 + (0.5 - fp[:, 4, 7]) ** 2 + 0.04 ** 2          # per image
+    signal = 3 * 0.81 + fp[:, 4, 7] ** 2 + 0.2 ** 2
+    assert s["regions"]["scores near the threshold"] == pytest.approx(10 * np.log10(signal.sum() / noise.sum()))
+    assert s["value"] == s["regions"]["scores near the threshold"] and s["error"] == pytest.approx(
+        noise.sum() / signal.sum())
+    # a box moved: its error relative to the half-extents of FP32's boxes
+    moved = fp.copy()
+    moved[:, 0, 1] += 2.0                                            # x of the 10 x 12 box: x1 and x2 2 px off
+    b = m.steering(m.batch({"o": fp}, {"o": moved}, _batch()))
+    half = sum(w ** 2 + h ** 2 for w, h in boxes[:, 2:]) / 2
+    assert b["regions"]["boxes near the threshold"] == pytest.approx(10 * np.log10(half / 8.0))
+    assert b["value"] == b["regions"]["boxes near the threshold"] and b["regions"]["scores near the threshold"] == np.inf
+    # no network scores any anchor near the threshold: no figure (the outputs' SQNR steers)
+    none = _yolov8(lose_scores=True)
+    assert m.steering(m.batch({"o": none}, {"o": none}, _batch())) is None
+
+
+def test_the_detection_steering_figure_is_the_same_for_yolov5_scores():
+    """For objectness x class layouts the score compared is the product, as the detections are scored."""
+    v8 = _yolov8(n_images=2, classes=1)
+    q8 = v8.copy()
+    q8[:, 4, 0] = 0.6
+    v5 = lambda a: np.concatenate([a[:, :4], np.ones_like(a[:, 4:5]), a[:, 4:]], 1).transpose(0, 2, 1)  # noqa: E731
+    m = det.Detection(labels=False)
+    a = m.steering(m.batch({"o": v8}, {"o": q8}, _batch(2)))
+    b = m.steering(m.batch({"o": v5(v8)}, {"o": v5(q8)}, _batch(2)))
+    assert a["value"] == pytest.approx(b["value"]) and np.isfinite(a["value"])
+
+
 def test_the_yolov5_and_raw_yolox_layouts_decode_to_the_same_detections():
     v8 = _yolov8(n_images=2, classes=1)
     m8 = det.Detection(labels=False)

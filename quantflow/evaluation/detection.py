@@ -12,6 +12,17 @@ box), also ``map50_fp32``, ``map50_int8`` (mean over the labelled classes of the
 precision at IoU 0.5, PASCAL VOC 2010+) and ``map50_drop``; an image without a label file then holds no object.
 Default limits: ``f1`` >= 0.9 and, with labels, ``map50_drop`` <= 0.01.
 
+What the fallback steers by (``steering``): the scores and boxes where a box is or nearly is, INT8 against FP32 --
+at each anchor and class that either network scores at least half the score threshold (``BAND``: FP32's boxes,
+matched or missed by INT8, INT8's extra ones, and the near-misses of both), the score of both and the box of both,
+summed over the images into an SQNR of the scores and one of the boxes (the box error relative to its
+half-extents), the lesser steering.  F1 counts boxes that cross the threshold, so on a few hundred images it moves
+by a few near-threshold boxes as much as by a layer; the scores around the threshold move with every one of them,
+and a layer's harm to anchors no network scores near it cannot change a box.  Measured (docs/detectors.md): on
+NudeNet's YOLOv8n it makes the decisions the whole scores part's SQNR makes (two image seeds); the same measure at
+the detections alone (after NMS) steered worse: it kept 3 layers and the gate read F1 0.977, where this keeps 8 and
+reads 0.986 (a 0.98 limit).
+
 Layouts (``options.layout``; ``parts.head_layout`` recognises the first two from the shape):
 - ``yolov8``: [batch, 4 + classes, anchors], cx, cy, w, h in input pixels, then class scores (Ultralytics v8/v11);
 - ``yolov8_anchors_first``: the same values as [batch, anchors, 4 + classes] (mindyolo's YOLOv8 detect head);
@@ -31,8 +42,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import ConfigError, DataError
 from .parts import head_layout
+from .steering import least_sqnr
 
 MAX_WH = 7680.0   # the per-class box offset of class-wise NMS (Ultralytics' max_wh)
+BAND = 0.5        # the steering figure compares the anchors either network scores at least this share of the threshold
 
 
 class DetectionOptions(BaseModel):
@@ -160,6 +173,30 @@ def decode(out: np.ndarray, layout: str, height: int, width: int, strides=(8, 16
     return boxes, score, best
 
 
+def class_scores(out: np.ndarray, layout: str) -> np.ndarray:
+    """Each anchor's score for each class (images, anchors, classes), as ``decode`` scores the best: the class
+    scores; for ``yolov5`` and ``yolox``, objectness x class."""
+    a = np.asarray(out, np.float64)
+    if layout in ("yolov8", "yolov8_anchors_first"):
+        return (a.transpose(0, 2, 1) if layout == "yolov8" else a)[..., 4:]
+    return a[..., 4:5] * a[..., 5:]
+
+
+def fidelity(fp: tuple, q: tuple, floor: float) -> np.ndarray:
+    """(score noise, score signal, box noise, box signal) of one image where a box is or nearly is: ``fp`` and
+    ``q`` are (boxes cx cy w h per anchor, ``class_scores`` per anchor), and each (anchor, class) that either
+    network scores at least ``floor`` is compared.  The score terms are sum((s_fp - s_int8)^2) and sum(s_fp^2); the
+    box terms, the sum of the squared x1 y1 x2 y2 differences and of (w^2 + h^2) / 2 of FP32's boxes (the squared
+    half-extents of its four coordinates)."""
+    a, c = np.nonzero(np.maximum(fp[1], q[1]) >= floor)
+    if not len(a):
+        return np.zeros(4)
+    sf, sq = fp[1][a, c], q[1][a, c]
+    bf, bq = xyxy(fp[0][a]), xyxy(q[0][a])
+    return np.asarray([np.sum((sf - sq) ** 2), np.sum(sf ** 2), np.sum((bf - bq) ** 2),
+                       np.sum(fp[0][a, 2] ** 2 + fp[0][a, 3] ** 2) / 2])
+
+
 def label_file(image: Path) -> Path | None:
     """The YOLO-format label file of ``image``: ``<image>.txt`` beside it, or the Ultralytics layout's
     ``.../labels/<image>.txt`` for ``.../images/<image>``."""
@@ -214,8 +251,8 @@ class Detection:
         self.o = DetectionOptions(**options)
 
     def batch(self, fp32: dict, int8: dict, batch) -> list[dict]:
-        """Per image: the detection counts, the matches, and for the mAP each detection's class, score and hit
-        against the image's labels."""
+        """Per image: the detection counts, the matches, the scores' and boxes' ``fidelity`` where a box is or
+        nearly is, and for the mAP each detection's class, score and hit against the image's labels."""
         name = self.o.output or next(iter(fp32))
         if name not in fp32:
             raise ConfigError(f"evaluation.options.output: the network has no output {name!r} "
@@ -224,11 +261,13 @@ class Detection:
         layout = _layout(self.o, name, np.shape(fp32[name]))
         f = decode(fp32[name], layout, height, width, self.o.strides)
         q = decode(int8[name], layout, height, width, self.o.strides)
+        f_all, q_all = class_scores(fp32[name], layout), class_scores(int8[name], layout)
         records = []
         for i, path in enumerate(batch.paths):
             fb, fs, fc = _detections(f[0][i], f[1][i], f[2][i], self.o)
             qb, qs, qc = _detections(q[0][i], q[1][i], q[2][i], self.o)
-            r = {"fp32": len(fb), "int8": len(qb), "matched": int(match(fb, fc, qb, qc, qs, self.o.match_iou).sum())}
+            r = {"fp32": len(fb), "int8": len(qb), "matched": int(match(fb, fc, qb, qc, qs, self.o.match_iou).sum()),
+                 "fidelity": fidelity((f[0][i], f_all[i]), (q[0][i], q_all[i]), self.o.score_threshold * BAND)}
             if self.o.labels:
                 found = label_file(path)
                 gb, gc = read_labels(found, width, height) if found else (np.zeros((0, 4)), np.zeros(0, int))
@@ -257,3 +296,12 @@ class Detection:
                            map50_drop=None if maps["fp32"] is None else maps["fp32"] - maps["int8"],
                            labelled_images=labelled, objects=int(len(objects)))
         return numbers
+
+    def steering(self, records: list) -> dict | None:
+        """What the fallback steers by (module docstring): the lesser of the scores' and the boxes' SQNR where a
+        box is or nearly is, over the images of ``records``; None where no network scores any anchor near the
+        threshold."""
+        sums = np.sum([r["fidelity"] for r in records], 0) if records else np.zeros(4)
+        if sums[1] <= 0:
+            return None
+        return least_sqnr({"scores near the threshold": sums[:2], "boxes near the threshold": sums[2:]})

@@ -11,7 +11,10 @@ steering figure measures every image's whole answer instead, and tells a layer t
   says little where INT8 flips many of them both ways;
 - ``outputs`` and task metrics: the least SQNR among the regions the gate compares (``parts.finest``: each part
   where the output is cut into parts, else the output whole) -- a detector's scores part, a recognizer's
-  per-step scores (a per-step divergence of the symbol distributions was measured and steers worse: ``ctc.py``).
+  per-step scores (a per-step divergence of the symbol distributions was measured and steers worse: ``ctc.py``);
+- a task metric with a ``steering(records)`` of its own (``task.py``), where its number fails: that figure -- the
+  ``detection`` metric's, the least SQNR of the scores and of the boxes where either network scores near the
+  threshold (``least_sqnr``), not at every anchor.
 
 ``helps``: a trial (one more layer in float16) helps when it lowers the steering error -- the KL divergence, or
 the noise power relative to the signal (10^(-SQNR/10)) of the worst region among those the check fails on (all of
@@ -85,6 +88,18 @@ def region_steering(rows: list[dict]) -> dict | None:
     db = float(worst["sqnr_db"])
     return {"figure": f"least SQNR dB ({label(worst)})", "value": db, "error": _noise(db),
             "regions": {label(r): float(r["sqnr_db"]) for r in finest}}
+
+
+def least_sqnr(sums: dict) -> dict:
+    """The steering figure of the least SQNR among named (noise power, signal power) sums, each name's SQNR in
+    ``regions``; a region with no noise is infinitely clean."""
+    def db(noise: float, signal: float) -> float:
+        return math.inf if noise <= 0 else 10 * math.log10(signal / noise) if signal > 0 else -math.inf
+
+    regions = {k: db(float(n), float(s)) for k, (n, s) in sums.items()}
+    worst = min(regions, key=regions.get)
+    return {"figure": f"least SQNR dB ({worst})", "value": regions[worst], "error": _noise(regions[worst]),
+            "regions": regions}
 
 
 def _noise(db: float) -> float:

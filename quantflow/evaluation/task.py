@@ -13,7 +13,11 @@ arguments.  Two forms:
   into {name: number or None (not measured)}; a class attribute ``limits`` ({"min": {...}, "max": {...}}) holds
   its default limits.  With the class attribute ``records_per_image = True`` (the shipped metrics), ``batch``
   returns a list of one record per image and ``summarize`` takes any flat list of such records (a bootstrap
-  draw repeats some): the intervals then draw images; otherwise they draw batches.
+  draw repeats some): the intervals then draw images; otherwise they draw batches.  A class may also have
+  ``steering(records)`` returning {"figure": text, "value": number, "error": number} or None: a low-variance
+  figure of INT8 against FP32 (``error`` the lower the better) that the fallback steers by where the metric's
+  numbers fail (``steering.py``; the shipped ``detection`` metric's: the SQNR of the scores and boxes near
+  the threshold), instead of the least SQNR of the outputs.
 
 Every limited number gets a bootstrap interval and a verdict (``intervals``, ``verdicts``): the function form's
 per-image values are re-averaged per draw, the records re-summarized per draw.
@@ -80,11 +84,13 @@ class TaskMetric:
                 raise ConfigError(f"evaluation.metric: class {self.entry} lacks method(s) {', '.join(missing)} "
                                   f"(a task metric class has batch(fp32, int8, batch) and summarize(records))")
             self._batch, self._summarize = inst.batch, inst.summarize
+            own = getattr(inst, "steering", None)
+            self._steering = own if callable(own) else None
             for kind, limits in getattr(obj, "limits", {}).items():
                 self.defaults[kind] = dict(limits)
         else:
             self._batch = lambda fp32, int8, batch: obj(fp32, int8, batch, **self.options)
-            self._summarize = self._means
+            self._summarize, self._steering = self._means, None
 
     def record(self, fp32: dict, int8: dict, batch: Batch):
         """The metric's record of one batch (the function form: its per-image values, checked)."""
@@ -126,6 +132,21 @@ class TaskMetric:
                                      f"{k!r}, not a number") from None
         return out
 
+    def steering(self, records: list) -> dict | None:
+        """The metric's own steering figure over the records (its ``steering``), checked; None without one."""
+        if self._steering is None:
+            return None
+        out = self._call(self._steering, records, where="in steering")
+        if out is None:
+            return None
+        try:
+            checked = {"figure": str(out["figure"]), "value": float(out["value"]), "error": float(out["error"])}
+            regions = {str(k): float(v) for k, v in (out.get("regions") or {}).items()}
+        except (TypeError, KeyError, ValueError, AttributeError):
+            raise QuantflowError(f"evaluation.metric {self.metric}: steering returned {out!r}, not None or a dict "
+                                 f"{{figure: text, value: number, error: number}}") from None
+        return {**checked, "regions": regions}
+
     @staticmethod
     def _means(records: list) -> dict:
         names = list(dict.fromkeys(k for r in records for k in r))
@@ -162,6 +183,15 @@ def task_run(ev, graph, deploy, aipp_params: dict, regions: list, metric: str, o
     shared = (ev, graph, deploy, aipp_params, regions, metric, dict(options), names)
     parts = sharded_parts(_task_shard, shared, ev)
     return np.concatenate([s for s, _ in parts]), [r for _, rs in parts for r in rs]
+
+
+def steering_of(own: dict | None, regions: dict | None) -> dict | None:
+    """A task check's steering figure: the metric's own (``TaskMetric.steering``) where it has one, carrying the
+    outputs' and parts' SQNRs beside its own regions (so that a check failing on a part is still judged by that
+    part: ``steering.helps``); else the least SQNR of the outputs and parts."""
+    if own is None:
+        return regions
+    return {**own, "regions": {**(regions or {}).get("regions", {}), **own["regions"]}}
 
 
 def number_figures(metric: TaskMetric, records: list, checks: list[dict], r: Resampling, limits,
@@ -237,7 +267,7 @@ class Task:
             more, more_draws = region_figures(rows, stats, r)
             rows = mark_rows(with_intervals(rows, stats, r), more)
             report = attach(report, figures + more, {**draws, **more_draws}, r, limits, outputs=rows,
-                            steering=region_steering(rows))
+                            steering=steering_of(metric.steering(records), region_steering(rows)))
             for c in checks:   # each limit's verdict is its figure's
                 c["passed"] = c["number"] not in report["failures"]
             return report
