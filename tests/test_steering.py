@@ -48,17 +48,17 @@ def test_the_least_sqnr_of_named_sums():
 
 
 def test_a_metric_of_its_own_steers_where_its_number_fails_and_a_part_where_the_part_fails():
-    """A task metric's own figure (the detection metric's scores at the detections) carries the parts' SQNRs: a
+    """A task metric's own figure (the detection metric's scores near the threshold) carries the parts' SQNRs: a
     check failing on f1 is judged by the metric's figure, one failing on a part by that part."""
     from quantflow.evaluation.task import steering_of
 
     parts = steering.region_steering([{"output": "out", "part": "boxes", "sqnr_db": 40.0},
                                       {"output": "out", "part": "scores", "sqnr_db": 3.0}])
-    own = steering.least_sqnr({"scores at the detections": (1.0, 10.0)})
+    own = steering.least_sqnr({"scores near the threshold": (1.0, 10.0)})
     s = steering_of(own, parts)
-    assert s["value"] == 10.0 and s["regions"] == {"boxes": 40.0, "scores": 3.0, "scores at the detections": 10.0}
+    assert s["value"] == 10.0 and s["regions"] == {"boxes": 40.0, "scores": 3.0, "scores near the threshold": 10.0}
     assert steering_of(None, parts) is parts and steering_of(own, None)["regions"] == own["regions"]
-    better_own = steering_of(steering.least_sqnr({"scores at the detections": (1.0, 20.0)}), parts)
+    better_own = steering_of(steering.least_sqnr({"scores near the threshold": (1.0, 20.0)}), parts)
     better_part = steering_of(own, dict(parts, regions={"boxes": 40.0, "scores": 20.0}))
     assert improves({"steering": better_own}, {"steering": s, "failures": ["f1"]})
     assert not improves({"steering": better_part}, {"steering": s, "failures": ["f1"]})

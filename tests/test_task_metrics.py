@@ -131,11 +131,16 @@ def test_the_detection_steering_figure_is_the_scores_and_boxes_near_the_threshol
 
 
 def test_the_detection_steering_figure_is_the_same_for_yolov5_scores():
-    """For objectness x class layouts the score compared is the product, as the detections are scored."""
+    """For objectness x class layouts the score compared (and the band it is compared in) is the product, as the
+    detections are scored: objectness o and class scores s / o give the figure of class scores s."""
     v8 = _yolov8(n_images=2, classes=1)
     q8 = v8.copy()
     q8[:, 4, 0] = 0.6
-    v5 = lambda a: np.concatenate([a[:, :4], np.ones_like(a[:, 4:5]), a[:, 4:]], 1).transpose(0, 2, 1)  # noqa: E731
+    obj = np.random.default_rng(1).uniform(0.5, 1.0, (2, 1, v8.shape[2]))
+
+    def v5(a):
+        return np.concatenate([a[:, :4], obj, a[:, 4:] / obj], 1).transpose(0, 2, 1)
+
     m = det.Detection(labels=False)
     a = m.steering(m.batch({"o": v8}, {"o": q8}, _batch(2)))
     b = m.steering(m.batch({"o": v5(v8)}, {"o": v5(q8)}, _batch(2)))
