@@ -19,9 +19,9 @@ summed over the images into an SQNR of the scores and one of the boxes (the box 
 half-extents), the lesser steering.  F1 counts boxes that cross the threshold, so on a few hundred images it moves
 by a few near-threshold boxes as much as by a layer; the scores around the threshold move with every one of them,
 and a layer's harm to anchors no network scores near it cannot change a box.  Measured (docs/detectors.md): on
-NudeNet's YOLOv8n it makes the decisions the whole scores part's SQNR makes (two image seeds); the same measure at
-the detections alone (after NMS) steered worse: it kept 3 layers and the gate read F1 0.977, where this keeps 8 and
-reads 0.986 (a 0.98 limit).
+NudeNet's YOLOv8n (two image seeds) and ddddocr's YOLOX it makes the decisions the parts' SQNR makes; the same
+measure at the detections alone (after NMS) steered worse: it kept 3 layers and the gate read F1 0.977, where this
+keeps 8 and reads 0.986 (a 0.98 limit).
 
 Layouts (``options.layout``; ``parts.head_layout`` recognises the first two from the shape):
 - ``yolov8``: [batch, 4 + classes, anchors], cx, cy, w, h in input pixels, then class scores (Ultralytics v8/v11);
