@@ -319,7 +319,7 @@ def row_cells(r: dict) -> list[str]:
     """One build's cells: verdict and gated figures, fallback layers, output SQNR on the gate's images, recovery's
     network SQNR by step, seconds."""
     if r.get("report") is None:
-        return [f"stopped (exit {r['exit']}): {' / '.join(r.get('error', [])[-2:])}", "-", "-", "-",
+        return [f"stopped (exit {r['exit']}): {' / '.join(r.get('error', [])[-2:])}", "-", "-", "-", "-",
                 f"{r['seconds']:.0f}"]
     rep = r["report"]
     gated = verdicts(rep)
@@ -341,13 +341,25 @@ def row_cells(r: dict) -> list[str]:
                                                       f"{rt.get('validation_images')} validation images)"
                                                       if gain and lo is not None else ""))
     layers = f"{len(fb)}" + (f": {', '.join(fb)}" if fb else "") + (f" (tuning checks: {steps})" if steps else "")
-    return [f"**{rep['verdict']}**: {figs}", layers, sq, rec, f"{r['seconds']:.0f}"]
+    return [f"**{rep['verdict']}**: {figs}", layers, floor_cell(rep), sq, rec, f"{r['seconds']:.0f}"]
+
+
+def floor_cell(report: dict) -> str:
+    """INT8 against the float16 floor on the gate's images (``evaluation.floor``): the outcomes each changes, the
+    ratio with its interval, INT8's share of the multiply-adds."""
+    d = report.get("distance")
+    if not d:
+        return "-"
+    iv = "" if d["low"] is None else f" [{d['low']:.3g}, {d['high']:.3g}]"
+    share = f"; INT8 {d['int8_mac_share']:.1%} of MACs" if "int8_mac_share" in d else ""
+    return f"{d['int8_changed']:g} / {d['float16_changed']:g} {d['unit']}: {d['ratio']:.3g}x{iv}{share}"
 
 
 def format_table(rows: list[dict]) -> str:
     lines = ["| case | gate | images (calib / held-out: tuned + judged) | recover "
-             "| verdict: gated figures [95% interval] | fallback layers | output SQNR dB on the gate's images "
-             "| recovery: least region SQNR dB (calibration images) | s |", "|---|---|---|---|---|---|---|---|---|"]
+             "| verdict: gated figures [95% interval] | fallback layers | changed by INT8 / by float16 only: ratio "
+             "| output SQNR dB on the gate's images | recovery: least region SQNR dB (calibration images) | s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rep = r.get("report") or {}
         n_gate = rep.get("images", "?")

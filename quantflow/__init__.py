@@ -20,9 +20,9 @@ if _platform.machine().lower() in ("x86_64", "amd64"):
 
 __version__ = "0.1.0"
 
-from .api import BuildResult, Figure, build, quantize  # noqa: E402  (after the environment above is set)
+from .api import BuildResult, Figure, Float16Floor, build, quantize  # noqa: E402  (after the environment above is set)
 from .errors import (AccuracyGateError, AippMismatchError, AtcError, ConfigError, DataError,  # noqa: E402
                      QuantflowError, UnsupportedNetworkError)
 
 __all__ = ["AccuracyGateError", "AippMismatchError", "AtcError", "BuildResult", "ConfigError", "DataError", "Figure",
-           "QuantflowError", "UnsupportedNetworkError", "__version__", "build", "quantize"]
+           "Float16Floor", "QuantflowError", "UnsupportedNetworkError", "__version__", "build", "quantize"]

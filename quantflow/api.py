@@ -64,6 +64,43 @@ class Figure:
 
 
 @dataclass(frozen=True)
+class Float16Floor:
+    """INT8 beside the float16 floor: the same held-out images through the device's float16-only path (no op in
+    INT8), as ``accuracy_report.json``'s ``distance`` and ``float16`` hold them (docs/accuracy.md).
+
+    Attributes:
+        unit: what is counted: ``"classes"``, ``"strings"``, ``"boxes"``, ``"pixels"``, or ``"output noise
+            energy"`` for a metric with no discrete outcome.
+        int8_changed: the outcomes INT8 changes against FP32 on the held-out images.
+        float16_changed: the outcomes the float16-only path changes on the same images.
+        ratio: INT8's over float16's (float16's count taken as at least 1), with its bootstrap interval ``low`` ..
+            ``high``; what ``evaluation.max_vs_float16`` limits.
+        int8_mac_share: the share of the quantizable ops' multiply-adds that run in INT8.
+        float16_verdict: the float16-only path's verdict against the gate's own limits.
+        float16_figures: its gated figures, as ``Figure``.
+    """
+    unit: str
+    int8_changed: float
+    float16_changed: float
+    ratio: float
+    low: float | None
+    high: float | None
+    int8_mac_share: float | None
+    float16_verdict: str
+    float16_figures: tuple[Figure, ...]
+
+    @classmethod
+    def from_report(cls, report: Mapping) -> "Float16Floor | None":
+        d, f = report.get("distance"), report.get("float16")
+        if not d or not f:
+            return None
+        return cls(unit=d["unit"], int8_changed=d["int8_changed"], float16_changed=d["float16_changed"],
+                   ratio=d["ratio"], low=d["low"], high=d["high"], int8_mac_share=d.get("int8_mac_share"),
+                   float16_verdict=f["verdict"],
+                   float16_figures=tuple(Figure.from_report(x) for x in f.get("figures", [])))
+
+
+@dataclass(frozen=True)
 class BuildResult:
     """What one build gives: the gate's decision with its figures, the artifacts, the configuration used.
 
@@ -81,6 +118,7 @@ class BuildResult:
         config_file: the file it was read from.
         keys: each keyed stage's artifact key.
         float16_layers: the layers left in float16 on the device.
+        floor: INT8 beside the float16-only path on the same images (``Float16Floor``); None without a gate.
     """
     verdict: Verdict | None
     passed: bool
@@ -92,6 +130,7 @@ class BuildResult:
     config_file: Path | None
     keys: dict[str, str] = field(default_factory=dict)
     float16_layers: tuple[str, ...] = ()
+    floor: Float16Floor | None = None
 
     @property
     def failures(self) -> tuple[str, ...]:
@@ -223,7 +262,8 @@ def _result(b, code: int, stages: list[str]) -> BuildResult:
         figures=tuple(Figure.from_report(f) for f in report.get("figures", [])), artifacts=artifacts, report=report,
         report_html=(b.dir("gate", create=False) / REPORT_HTML) if report else None, config=b.cfg,
         config_file=b.config_file, keys=keys,
-        float16_layers=tuple(f["layer"] for f in report.get("float16_layers", [])))
+        float16_layers=tuple(f["layer"] for f in report.get("float16_layers", [])),
+        floor=Float16Floor.from_report(report) if report else None)
 
 
 def _has_keys(b) -> bool:

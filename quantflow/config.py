@@ -238,6 +238,12 @@ class EvaluationSection(_Section):
                                   description="task metrics: largest value of each named number the metric returns")
     options: dict[str, Any] = Field(default_factory=dict,
                                     description="task metrics: keyword arguments of the metric")
+    max_vs_float16: Optional[float] = Field(
+        default=None, gt=0.0, description="the most task outcomes (classes, strings, boxes, pixels; the outputs' noise "
+                                          "energy where the metric counts none) INT8 may change against FP32, as a "
+                                          "multiple of what the float16-only path changes on the same images (its "
+                                          "count taken as at least 1); gated with an interval like every figure, and "
+                                          "steers the automatic fallback. Off by default (the ratio is reported)")
     tune_dir: Optional[Path] = Field(
         default=None, description='images the recovery and the automatic fallback tune on (quantization.fallback = '
                                   '"auto"); the gate judges all of data_dir. Default: see tune_from')

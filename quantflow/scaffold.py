@@ -225,6 +225,26 @@ def _input_shape(a, declared: list | None, images) -> tuple[list[int], str]:
     return dims, note
 
 
+CALIBRATION_COUNT = 200   # images init samples for the ranges where the folder holds enough
+TUNING_SHARE = 0.5        # of a folder too small for that and as many tuning images: left out of the sample
+
+
+def calibration_count(found: int | None, classes: int | None) -> tuple[int, str]:
+    """(``calibration.count`` init writes, its comment): ``CALIBRATION_COUNT`` (at least one per class), but never
+    more than 1 - ``TUNING_SHARE`` of the ``found`` images, so that the recovery's check and the automatic fallback
+    tune on images the ranges were not fitted on (``evaluation.tune_from = "calibration"``: the images beyond the
+    sample).  Tuned on the sample itself, NudeNet's YOLOv8n read cosine 0.9949 where the held-out images read 0.9885,
+    and the fallback rolled nothing back."""
+    wanted = max(CALIBRATION_COUNT, classes or 0)
+    if not found:
+        return wanted, ""
+    count = max(1, min(wanted, int(found * (1 - TUNING_SHARE)))) if found > 1 else 1
+    if count < wanted:
+        return count, (f"; {count} of the {found} found there: the other {found - count} tune the recovery and "
+                       f"the fallback, on images the ranges were not fitted on")
+    return count, ""
+
+
 RUN_IMAGES = 4   # calibration images the network is run on to recognise its head (shapes and values)
 
 
@@ -379,7 +399,7 @@ def write_config(a) -> tuple[Path, list[str]]:
     else:
         source = f'entry = "{a.entry}"\ncheckpoint = "{_rel(a.checkpoint, base)}"'
     found = _image_count(a.calib, classifier)
-    count = min(max(200, classes or 0), found or 10 ** 9)
+    count, count_note = calibration_count(found, classes)
     per_class_min = 1 if not classifier or count >= (classes or 1000) else 0
     evaluation = _evaluation_lines(head, classifier)
     text = TEMPLATE.format(
@@ -390,7 +410,7 @@ def write_config(a) -> tuple[Path, list[str]]:
         calib_note="per-class sub-folders of real images (e.g. {}/cat/*.jpg)".format(_rel(a.calib, base)) if classifier
         else "real images, directly in it or in sub-folders (sampled as groups, e.g. one per camera)",
         evaluation_lines=evaluation.replace("{eval}", _rel(a.eval, base)),
-        calib=_rel(a.calib, base), count=count, count_note=f"; all {found} found there" if count == found else "",
+        calib=_rel(a.calib, base), count=count, count_note=count_note,
         template="static_yuv400_u8.cfg" if shape[1] == 1 else "static_rgb888_u8.cfg",
         frame_order="GRAY" if shape[1] == 1 else "BGR")
     parts = parts_toml(head.parts, gate=head.metric == "outputs") if head and head.parts and not classifier else ""

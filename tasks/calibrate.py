@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from quantflow.engine import shard
-from quantflow.errors import ConfigError, UnsupportedNetworkError
+from quantflow.errors import ConfigError
 from quantflow.io.atomic import save_npz, write_text
 from quantflow.quantization.qparams import QPARAMS_JSON, QPARAMS_NPZ
 
@@ -35,7 +35,6 @@ def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path], graph_dir: P
     """Ranges and INT8 parameters (``qparams``; with ``quantization.bias_correction`` the biases corrected by the
     mean output shift each op alone in INT8 shows on the first ``quantization.sensitivity_images`` images; with
     ``quantization.channel_scale`` the convolutions' inputs scaled per channel) and the observers' histograms."""
-    from quantflow.frontends.source import model_file
     from quantflow.quantization.calibrater import calibrate_with, quantizable_nodes
     from quantflow.quantization.passes import fold_for_quantization
     from quantflow.quantization.sensitivity import analyse, correct_bias
@@ -47,10 +46,9 @@ def calibrate_stage(cfg, kdir: Path, calibration_paths: list[Path], graph_dir: P
     qp, cal = calibrate_with(graph, batches, k.method, k.percentile, k.histogram_bins, k.kl_max_clipped, q.skip,
                              q.methods, channel_scale=q.channel_scale)
     if not qp.ops:
-        kept = f"; every one is left in float16:\n{qp.float16_table()}" if qp.float16 else ""
-        raise UnsupportedNetworkError(f"{model_file(cfg, graph_dir)}: no Conv2D or MatMul with constant weights is "
-                                      f"left to quantize in INT8{kept}")
-    if q.bias_correction:
+        print(f"calibrate: no op left in INT8 ({len(qp.float16)} quantizable op(s) in float16): a float16-only "
+              f"build, gated like any other")
+    if q.bias_correction and qp.ops:
         sample = image_batches(cfg, calibration_paths[:q.sensitivity_images], k.batch_size)
         print(f"bias correction: {len(qp.ops)} ops, each alone in INT8, {shard.where(cfg.engine)}")
         qp = correct_bias(qp, analyse(qp.apply(graph), qp, sample, bias_shift=True, engine=cfg.engine).bias_shift)

@@ -36,6 +36,10 @@ from .stage import Stage
 
 FALLBACK_JSON = "fallback.json"
 GATE_ONLY = ("baseline",)   # [evaluation] settings the fallback does not read
+# the fewest tuning images: only below this are images beyond the calibration sample topped up from the sample
+# itself, whose ranges were fitted on them (NudeNet's YOLOv8n tuned on its sample read cosine 0.9949 there, 0.9885 on
+# the held-out images, and rolled nothing back)
+MIN_TUNING_IMAGES = 64
 
 
 def tuning_and_gate_sets(cfg, calibrated: list | None = None):
@@ -46,9 +50,10 @@ def tuning_and_gate_sets(cfg, calibrated: list | None = None):
     "calibration"``) it runs on images the gate never judges and the gate judges every held-out image:
     ``evaluation.tune_images`` (default: as many as ``evaluation.data_dir`` holds) of ``calibration.data_dir``'s
     images beyond the calibration sample (``calibrated``: its paths; default: the manifest's, where the sample has
-    run), topped up from the sample itself where too few are left (the ranges were fitted on those, so they come
-    last), any image also in ``evaluation.data_dir`` left out.  ``evaluation.tune_dir`` (checked against
-    ``evaluation.data_dir``: the same file, or the same bytes, is an error) gives a folder of its own;
+    run), only where fewer than ``MIN_TUNING_IMAGES`` are left topped up from the sample itself to that many (the
+    ranges were fitted on those, so they come last), any image also in ``evaluation.data_dir`` left out.
+    ``evaluation.tune_dir`` (checked against ``evaluation.data_dir``: the same file, or the same bytes, is an
+    error) gives a folder of its own;
     ``tune_from = "held_out"`` cuts ``evaluation.data_dir`` in two (``runs.split_held_out``), as the user asks."""
     from quantflow.evaluation.runs import shared_images, split_held_out
 
@@ -105,9 +110,9 @@ def _calibration_tuning(cfg, ev, calibrated: list | None):
     beyond = leave_out(folder, calibrated or [])
     tune = draw(beyond, wanted, e.seed)
     extra = 0
-    if len(tune) < wanted and calibrated:
+    if len(tune) < min(wanted, MIN_TUNING_IMAGES) and calibrated:
         sample = leave_out(folder, beyond.paths)
-        top = draw(sample, wanted - len(tune), e.seed)
+        top = draw(sample, min(wanted, MIN_TUNING_IMAGES) - len(tune), e.seed)
         extra = len(top)
         order = list(tune.paths) + list(top.paths)
         tune = replace(tune, paths=tuple(order), labels=np.concatenate([tune.labels, top.labels]),
@@ -116,7 +121,8 @@ def _calibration_tuning(cfg, ev, calibrated: list | None):
         raise DataError(f"calibration.data_dir {k.data_dir} holds no image to tune the automatic fallback on "
                         f"(beside the {len(judged)} also in evaluation.data_dir); give evaluation.tune_dir")
     said = (f"{len(tune) - extra} images of calibration.data_dir {k.data_dir} beyond the calibration sample"
-            + (f" and {extra} of the sample itself" if extra else "")
+            + (f" and {extra} of the sample itself (the ranges were fitted on those: leave more of the folder out of "
+               f"calibration.count)" if extra else "")
             + f", drawn with evaluation.seed {e.seed}" + ("" if calibrated is not None else " (before sampling)")
             + (f"; {len(judged)} also in evaluation.data_dir left out" if judged else ""))
     return tune, ev, said
@@ -166,21 +172,49 @@ def ranked(sensitivity: dict, m, names: dict | None, report: dict) -> dict:
             "focus": {"outputs": outputs or [], "parts": parts or []}}
 
 
-def focus_ranking(sensitivity: dict, m, names: dict | None):
+def focus_ranking(sensitivity: dict, m, names: dict | None, macs: dict[str, int] | None = None):
     """``rerank(report)`` for ``roll_back``: the layers most harmful to what a failed check points at
-    (``ranked``); for a check with no FAIL, what is UNDECIDED in it."""
+    (``ranked``); for a check with no FAIL, what is UNDECIDED in it.  Where the distance from the float16 floor
+    (``evaluation.max_vs_float16``) is among what fails and ``macs`` (multiply-adds by node) is given, the same
+    ranking's harm per multiply-add (``per_mac``): a release pays for each step in device speed."""
+    from quantflow.evaluation.floor import VS_FLOAT16
+
     def short(report: dict) -> dict:
         return report if report.get("failures") else dict(report, failures=report.get("undecided", []))
-    return lambda report: ranked(sensitivity, m, names, short(report))["ranking"]
+
+    def rerank(report: dict) -> list[str]:
+        r = ranked(sensitivity, m, names, short(report))
+        failing = short(report)["failures"]
+        if macs and VS_FLOAT16 in failing:
+            return per_mac(r, macs)
+        return r["ranking"]
+    return rerank
+
+
+def per_mac(analysis: dict, macs: dict[str, int]) -> list[str]:
+    """The ranked analysis's layers by the output noise each adds alone in INT8 (``sensitivity.figure`` of what it
+    ranks by, as noise power 10^(-SQNR/10)) per multiply-add, most first; ties by the ranking's order."""
+    from quantflow.quantization.sensitivity import figure
+
+    f = analysis.get("focus") or {}
+    rows = {r["node"]: r for r in analysis["ops"]}
+    order = {n: i for i, n in enumerate(analysis["ranking"])}
+
+    def cost(node: str) -> float:
+        db = figure(rows[node], f.get("outputs") or None, f.get("parts") or None)
+        return (10 ** (-db / 10) if np.isfinite(db) else 0.0) / max(macs.get(node, 1), 1)
+    return sorted(analysis["ranking"], key=lambda n: (-cost(n), order[n]))
 
 
 def fallback_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, aipp_dir: Path | None,
                    sensitivity: dict | None, first: dict | None = None) -> dict:
     """``first``: the check on the tuning images of the parameters in ``params_dir``, where one was made (the
     recovery's): the roll-back's step 0 takes it."""
+    from quantflow.evaluation import floor
     from quantflow.evaluation.metrics import metric
     from quantflow.evaluation.steering import line as steering_line
     from quantflow.quantization.fallback import roll_back
+    from quantflow.quantization.macs import macs_by_node
     from quantflow.quantization.passes import fold_for_quantization
 
     kdir, q = Path(kdir), cfg.quantization
@@ -194,10 +228,11 @@ def fallback_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, aipp_dir:
         graph = read_graph(cfg, graph_dir)
         m = metric(cfg.evaluation.metric)
         names = output_names(cfg, graph)
-        check = m.checker(tune, cfg.evaluation, graph, fold_for_quantization(graph), read_params(aipp_dir), names)
+        folded = fold_for_quantization(graph)
+        check = floor.checker(m, tune, cfg.evaluation, graph, folded, read_params(aipp_dir), names)
         on_undecided = cfg.evaluation.on_undecided
         qp, steps = roll_back(qp, sensitivity["ranking"], check, q.max_fallback, m.step_keys,
-                              rerank=focus_ranking(sensitivity, m, names),
+                              rerank=focus_ranking(sensitivity, m, names, macs_by_node(folded)),
                               settled=lambda report, looks: tuning_settled(report, on_undecided, len(judge), looks),
                               improves=improves, first=first, looks=first.get("looks", 1) if first else 0)
         final = next(st for st in reversed(steps) if not st.get("undone"))
@@ -212,6 +247,9 @@ def fallback_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, aipp_dir:
                 verdict += (" (not settled: its worst case, or the gate's own interval on its images"
                             + (f" with the margin of its check {st['looks']} of these images" if st.get("looks", 1) > 1
                                else "") + ", misses the limit)")
+            d = st.get("distance")
+            steer += (f", {d['int8_changed']:g} {d['unit']} changed ({d['ratio']:.3g}x float16's), INT8 "
+                      f"{d['int8_mac_share']:.1%} of the multiply-adds" if d and "int8_mac_share" in d else "")
             print(f"fallback step {i}: {st['int8_ops']} INT8 ops, {m.step_line(st)}{steer} {verdict}; "
                   f"in float16: {names}"
                   + ("; did not help: its last layer is put back" if st.get("undone") else ""))
@@ -236,13 +274,18 @@ def tuning_settled(report: dict, on_undecided: str, gate_images: int | None = No
 
 
 def improves(report: dict, before: dict) -> bool:
-    """Whether a check with one more layer in float16 is better than the last kept one: its steering figure (the
+    """Whether a check with one more layer in float16 is better than the last kept one: the task outcomes it changes
+    against FP32 fewer beyond their paired noise (``floor.fewer_changes``: a roll-back that turns decisions back,
+    whatever it does to the outputs' SQNR); else its steering figure (the
     metric's low-variance measure of INT8 against FP32, ``evaluation.steering``, on the regions the last kept check
     fails on, else on what is UNDECIDED in it) lower in error by ``steering.MIN_GAIN``; for checks without one, its
     gated figures nearer their limits (``intervals.shortfall``)."""
+    from quantflow.evaluation.floor import fewer_changes
     from quantflow.evaluation.intervals import shortfall
     from quantflow.evaluation.steering import helps
 
+    if fewer_changes(report, before):
+        return True
     if report.get("steering") and before.get("steering"):
         return helps(report["steering"], before["steering"], before.get("failures") or before.get("undecided"))
     if "figures" not in report or "figures" not in before:

@@ -8,9 +8,11 @@ them), JUnit XML and a Markdown summary for CI (docs/release-gate.md).
 
 With ``quantization.fallback = "auto"`` the gate judges images the fallback did not tune on
 (``fallback.tuning_and_gate_sets``: by default every held-out image, the fallback tuning on calibration images;
-checked against the tuning images ``fallback.json`` records), and the report shows both figures.  A verdict that is
-not a PASS is put beside what the same images give with no layer in INT8 (``float16_reference``), so that INT8's
-damage can be told from what FP32 itself barely decides."""
+checked against the tuning images ``fallback.json`` records), and the report shows both figures.  Every report puts
+INT8 beside the float16 floor (``evaluation.floor``): the same images through the device's float16-only path (no op
+in INT8, the network's own float weights), its figures, the outcomes each path changes against FP32, their ratio
+with an interval and INT8's share of the multiply-adds (``float16`` and ``distance`` in accuracy_report.json); with
+``evaluation.max_vs_float16`` the ratio is gated."""
 from __future__ import annotations
 
 import json
@@ -23,7 +25,7 @@ import numpy as np
 from quantflow.backends.atc import precision_note
 from quantflow.engine import shard
 from quantflow.errors import AccuracyGateError, DataError
-from quantflow.evaluation import baseline
+from quantflow.evaluation import baseline, floor
 from quantflow.evaluation.intervals import UNDECIDED, line
 from quantflow.evaluation.verdicts import DRAWS, rejudge
 from quantflow.io.atomic import write_json, write_text
@@ -37,7 +39,7 @@ from . import sensitivity as analysis
 from .aipp import read_params
 from .calibrate import load_histograms
 from .fallback import FALLBACK_JSON, evaluation_inputs, ranked, tuning_and_gate_sets, tuning_folder
-from .inputs import output_names, read_graph
+from .inputs import output_names, parameters_dir, read_graph
 from .recover import read as read_recovery
 from .stage import Stage
 
@@ -46,10 +48,13 @@ ADVICE_LAYERS = 5   # the most sensitive layers a failing gate names
 
 
 def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_dir: Path, aipp_dir: Path,
-               sensitivity, retrain_dir: Path | None = None, recover_dir: Path | None = None) -> dict:
+               sensitivity, retrain_dir: Path | None = None, recover_dir: Path | None = None,
+               params_dir: Path | None = None) -> dict:
     """The verdict, its reports, and on a failure an AccuracyGateError naming the layers to try.
     ``sensitivity(run)``: the per-layer analysis, or None where it has not run; with ``run`` true it is run first
-    where it has not (a failing gate's message and report name the most sensitive layers)."""
+    where it has not (a failing gate's message and report name the most sensitive layers).  ``params_dir``: the
+    parameters the fallback started from (with ``evaluation.max_vs_float16``, its walk is measured on the gate's
+    images: ``held_out_curve``)."""
     from quantflow.evaluation.metrics import metric
     from quantflow.quantization.passes import fold_for_quantization
     from quantflow.report import html
@@ -65,7 +70,12 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
           f"{shard.where(cfg.engine)}")
     m = metric(cfg.evaluation.metric)
     folded, aipp_params, names = fold_for_quantization(graph), read_params(aipp_dir), output_names(cfg, graph)
-    report = m.evaluate(ev, cfg.evaluation, graph, folded, qp, aipp_params, names)
+    check = floor.checker(m, ev, cfg.evaluation, graph, folded, aipp_params, names)
+    report = check(qp)
+    print("gate: the same images through the float16-only path (no op in INT8), the floor INT8 is measured against")
+    report["float16"] = floor.floor_summary(m, check.floor())
+    if cfg.evaluation.max_vs_float16 is not None and params_dir is not None and fallback.get("mode") == "auto":
+        report["curve"] = held_out_curve(check, QuantParams.load(params_dir), fallback["steps"])
     report.update(metric=m.name, eval_data=str(cfg.evaluation.data_dir), calibration_method=qp.method,
                   quantized_ops=len(qp.ops), int8_op_types=dict(Counter(op.op for op in qp.ops)),
                   float16_layers=[{"layer": f.scope, "op": f.op, "reason": f.reason} for f in qp.float16])
@@ -83,17 +93,13 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
     if cfg.evaluation.baseline is not None:
         base, base_draws, where = baseline.load(cfg.path(cfg.evaluation.baseline))
         rejudge(baseline.compare(report, draws, base, base_draws, where))
-    if report.get("verdict", "PASS" if report["passed"] else "FAIL") != "PASS":
-        print("gate: not a PASS; the same images with no layer in INT8, for reference")
-        report["float16_reference"] = float16_reference(m, m.evaluate(ev, cfg.evaluation, graph, folded, qp.only([]),
-                                                                       aipp_params, names))
     write_json(kdir / REPORT_JSON, report, sort_keys=False)
     write_draws(kdir / REPORT_DRAWS, draws)
     write_text(kdir / REPORT_TXT, format_table(report) + "\n")
     write_text(kdir / JUNIT_XML, ci.junit(report))
     write_text(kdir / SUMMARY_MD, ci.markdown(report))
     print(format_table(report))
-    failure = m.failure(report)
+    failure = floor.own_failure(m, report)
     if failure:
         print(f"gate: {failure}")
     elif report.get("verdict") == UNDECIDED and cfg.evaluation.on_undecided == "warn":
@@ -115,18 +121,30 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
     return report
 
 
-def float16_reference(m, ref: dict) -> dict:
-    """What the device's path with no layer in INT8 (every quantized op in float16: the AIPP and float16 emulation
-    alone) does to the gate's images against FP32, from its report ``ref``: the metric's figures (``step_line``),
-    its verdict against the same limits and its steering figure.  Beside a failing INT8 figure it tells INT8's
-    damage from what float16 alone changes on images FP32 itself barely decides (near-ties)."""
-    from quantflow.evaluation.steering import line as steering_line
+CURVE_POINTS = 8   # the fallback's kept steps measured on the gate's images at most (the first and last always)
 
-    keys = {k: ref[k] for k in m.step_keys if k in ref}
-    return {"what": "no layer in INT8 (every quantized op in float16) against FP32, on the same images",
-            "verdict": ref.get("verdict", "PASS" if ref["passed"] else "FAIL"), "figure": m.step_line(keys),
-            **keys, **({"steering": ref["steering"], "steering_line": steering_line(ref["steering"])}
-                       if ref.get("steering") else {})}
+
+def held_out_curve(check, params: QuantParams, steps: list[dict]) -> list[dict]:
+    """The price of the fallback's walk on the gate's images: for its kept steps (at most ``CURVE_POINTS``, spread
+    evenly, the first and the last among them), the layers in float16, INT8's share of the multiply-adds, the
+    outcomes INT8 changes and its ratio to the float16 floor, each step's parameters (``params`` without its layers)
+    run through ``check`` (``floor.checker``)."""
+    from quantflow.quantization.fallback import without
+
+    kept = [s for s in steps if not s.get("undone")]
+    if len(kept) < 2:
+        return []
+    chosen = sorted({round(i * (len(kept) - 1) / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)})
+    points = []
+    for k in chosen:
+        layers = [f["node"] for f in kept[k]["float_ops"]]
+        print(f"gate: the fallback's step with {len(layers)} layer(s) in float16, on the gate's images")
+        r = check(without(params, layers))
+        d = r["distance"]
+        points.append({"float16_layers": len(layers), "int8_mac_share": d.get("int8_mac_share"),
+                       "changed": d["int8_changed"], "ratio": d["ratio"], "low": d["low"], "high": d["high"],
+                       "verdict": r.get("verdict", "PASS" if r["passed"] else "FAIL")})
+    return points
 
 
 def held_out_images(ev, fallback: dict) -> dict:
@@ -251,6 +269,6 @@ STAGE = Stage(
     name="gate", doc="INT8 emulation vs FP32 on held-out images; fails beyond the evaluation limits",
     run=lambda b: gate_stage(b.cfg, b.dir("gate"), b.dir("graph"), b.dir("calibrate"), b.dir("fallback"),
                              b.dir("aipp"), lambda run=False: analysis.ensure(b) if run else analysis.read(b),
-                             b.dir("retrain") if b.cfg.retrain else None, b.dir("recover")),
+                             b.dir("retrain") if b.cfg.retrain else None, b.dir("recover"), parameters_dir(b)),
     needs=("graph", "calibrate", "recover", "retrain", analysis.NAME, "fallback", "aipp"), key_inputs=_key_inputs,
     outputs=GATE_FILES, summary=_summary)

@@ -161,14 +161,15 @@ def _public(steering: dict) -> dict:
 
 def _tuning_check(cfg, raw, folded, aipp_dir):
     """The fallback's accuracy check on its tuning images (never the gate's)."""
+    from quantflow.evaluation import floor
     from quantflow.evaluation.metrics import metric
 
     from .aipp import read_params
     from .fallback import tuning_and_gate_sets
 
     tune, _, _ = tuning_and_gate_sets(cfg)
-    return metric(cfg.evaluation.metric).checker(tune, cfg.evaluation, raw, folded, read_params(aipp_dir),
-                                                 output_names(cfg, raw))
+    return floor.checker(metric(cfg.evaluation.metric), tune, cfg.evaluation, raw, folded, read_params(aipp_dir),
+                         output_names(cfg, raw))
 
 
 def write_check(kdir: Path, check: dict) -> None:

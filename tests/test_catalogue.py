@@ -371,11 +371,6 @@ def skip_pattern_naming_nothing(p):
     return "quantization.skip: pattern(s) 'Default/no_such_layer*' name no quantizable op", 2
 
 
-def skip_every_op(p):
-    _edit(p, "[aipp]", '[quantization]\nskip = ["Conv2D", "MatMul"]\n\n[aipp]')
-    return "no Conv2D or MatMul with constant weights is left to quantize", 1
-
-
 def evaluation_image_unreadable_later_in_a_class(p):
     bad = sorted((p / "eval_data" / "6").iterdir())[3]
     bad.write_bytes(b"GIF89a, not a PNG")
@@ -396,7 +391,7 @@ QUICK = [toml_syntax, config_not_utf8, config_empty, unknown_key_with_a_suggesti
          train_entry_raises, train_entry_writes_nothing, zero_byte_image_later_in_a_class,
          folder_named_like_an_image]
 # cases that fail in a stage after the calibration sample: through the command, in its own process
-LONGER = [skip_pattern_naming_nothing, skip_every_op, evaluation_image_unreadable_later_in_a_class,
+LONGER = [skip_pattern_naming_nothing, evaluation_image_unreadable_later_in_a_class,
           entry_raises_building_the_network, train_entry_raises]
 # through `doit` with the project's dodo.py, as a user runs it
 THROUGH_DOIT = [toml_syntax, empty_calibration, symlink_loop, not_an_image, checkpoint_unreadable, truncated_mindir,

@@ -208,12 +208,12 @@ def test_init_gives_a_detector_the_outputs_gate(tmp_path):
     assert cfg.evaluation.metric == "outputs" and cfg.model.num_classes is None and cfg.labelled_classes is None
     assert cfg.evaluation.min_cosine == 0.99 and cfg.evaluation.threshold is None
     assert "[[1, 6, 4, 4], [1, 6, 8, 8]] are gated by evaluation.metric" in out.read_text()
-    assert cfg.calibration.count == 200   # no calibration folder yet: the default
+    assert cfg.calibration.count == 150   # half of the 300 images of the default folder (the rest tune)
 
 
 def test_init_samples_no_more_calibration_images_than_the_folder_holds(tmp_path):
-    """12 images in two class folders (and a file that is no image): count 12, not the default 200, which
-    the build's sampling would refuse."""
+    """12 images in two class folders (and a file that is no image): not the default 200, which the build's sampling
+    would refuse, and not all 12 either: half of them are left to tune on (images the ranges were not fitted on)."""
     tiny_onnx(tmp_path / "net.onnx", classes=2, size=8)
     for i in range(12):
         (tmp_path / "calib" / str(i % 2)).mkdir(parents=True, exist_ok=True)
@@ -221,7 +221,18 @@ def test_init_samples_no_more_calibration_images_than_the_folder_holds(tmp_path)
     (tmp_path / "calib" / "0" / "notes.txt").write_text("not an image")
     out = tmp_path / "quantflow.toml"
     assert main(["init", "--onnx", str(tmp_path / "net.onnx"), "--calib", str(tmp_path / "calib"), "-o", str(out)]) == 0
-    assert load_config(out).calibration.count == 12 and "; all 12 found there" in out.read_text()
+    cfg = load_config(out)
+    assert cfg.calibration.count == 6 and "; 6 of the 12 found there: the other 6 tune" in out.read_text()
+
+
+def test_init_leaves_tuning_images_out_of_the_sample_only_where_the_folder_is_small():
+    from quantflow.scaffold import CALIBRATION_COUNT, calibration_count
+
+    assert calibration_count(664, None) == (CALIBRATION_COUNT, "")          # 464 left beyond the sample
+    count, note = calibration_count(300, None)
+    assert count == 150 and "the other 150 tune" in note
+    assert calibration_count(None, None)[0] == CALIBRATION_COUNT           # no folder yet
+    assert calibration_count(3000, 1000) == (1000, "")                      # one per class at least
 
 
 def test_init_never_overwrites(tmp_path, capsys):

@@ -80,7 +80,7 @@ def test_init_sizes_a_dynamic_input_from_the_images_and_gates_a_sequence_by_ctc(
              "--eval", str(tmp_path / "eval"))
     assert c["model"]["input_shape"] == [1, 1, 8, 40] and "num_classes" not in c["model"]
     assert c["evaluation"]["metric"] == "ctc" and c["evaluation"]["options"] == {"layout": "tnc"}
-    assert c["calibration"]["count"] == 6
+    assert c["calibration"]["count"] == 3   # half of the 6 images: the rest tune
     assert c["aipp"]["template"] == "static_yuv400_u8.cfg"
     text = (tmp_path / "quantflow.toml").read_text()
     assert "output [[20, 1, 12]]" in text and "dynamic height / width set from the calibration images" in text
@@ -116,7 +116,7 @@ def test_init_gives_a_classifier_the_top1_gate_and_a_valid_count_for_few_images(
     write_images(tmp_path / "calib", 6, 48, 96, classes=3)
     c = init(tmp_path, "--onnx", str(tmp_path / "cls.onnx"), "--calib", str(tmp_path / "calib"))
     assert c["model"]["input_shape"] == [1, 3, 48, 96] and c["model"]["num_classes"] == 1000
-    assert c["calibration"]["count"] == 6 and c["calibration"]["per_class_min"] == 0
+    assert c["calibration"]["count"] == 3 and c["calibration"]["per_class_min"] == 0
     assert "EDIT: the folder holds 6 images for 1000 classes" in (tmp_path / "quantflow.toml").read_text()
     assert c.get("evaluation", {}).get("metric", "top1") == "top1"
 

@@ -66,6 +66,15 @@ def test_the_table_names_another_draw_of_the_images_by_its_seed():
     first, again = format_table([row, {**row, "seed": 1}]).splitlines()[2:]
     assert "8 / 4: 2 + 2 |" in first and "8 / 4: 2 + 2, seed 1 |" in again
     assert "**PASS**: f1 0.95 [0.92, 0.98] (>= 0.9): PASS" in again
+    assert first.split(" | ")[6] == "-"   # a report from before the float16 floor
+
+
+def test_the_table_puts_int8_beside_the_float16_floor():
+    from benchmarks.real_gates import floor_cell
+
+    report = {"distance": {"unit": "strings", "int8_changed": 25.0, "float16_changed": 1.0, "ratio": 25.0,
+                           "low": 12.0, "high": 60.0, "int8_mac_share": 0.973}}
+    assert floor_cell(report) == "25 / 1 strings: 25x [12, 60]; INT8 97.3% of MACs"
 
 
 def test_a_retrained_build_is_its_own_project_and_row(tmp_path, monkeypatch):

@@ -223,22 +223,22 @@ def test_a_check_that_clears_only_the_first_checks_margin_does_not_stop_a_later_
     assert tuning_settled(report, "warn", 4800, looks=6)   # without on_undecided = "fail" the tuning verdict decides
 
 
-def test_the_float16_reference_states_the_metric_figures_and_its_verdict():
-    """A gate that is not a PASS records what no layer in INT8 does to the same images (the float16 path alone),
-    so that INT8's damage can be told from FP32's own near-ties."""
+def test_the_float16_floor_states_the_metric_figures_and_its_verdict():
+    """Every gate records what the float16-only path (no op in INT8) does to the same images, so that INT8's
+    damage can be told from what float16 alone changes (FP32's own near-ties)."""
     from pathlib import Path
 
     from quantflow.config import EvaluationSection
+    from quantflow.evaluation.floor import floor_summary
     from quantflow.evaluation.metrics import metric
-    from tasks.gate import float16_reference
 
     rng = np.random.default_rng(1)
     labels = np.repeat(np.arange(4), 10)
     fp = rng.normal(size=(40, 4)) + 3 * np.eye(4)[labels]
     ref = judged(fp, fp + rng.normal(0, 1e-3, fp.shape), labels, EvaluationSection(data_dir=Path("e"), threshold=0.01))
-    r = float16_reference(metric("top1"), ref)
-    assert r["verdict"] == "PASS" and r["figure"].startswith("INT8 top-1 ") and r["drop"] == ref["drop"]
-    assert r["steering"]["flip_rate"] == 0.0 and r["steering_line"].startswith("mean KL divergence (nats) ")
+    r = floor_summary(metric("top1"), ref)
+    assert r["verdict"] == "PASS" and r["figure"].startswith("top-1 drop ") and r["drop"] == ref["drop"]
+    assert [f["id"] for f in r["figures"]] == ["drop"] and r["changed"] == 0 and r["unit"] == "classes"
 
 
 def test_a_tuning_figure_just_inside_its_limit_is_not_an_expected_pass_on_the_gates_images():

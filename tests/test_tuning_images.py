@@ -81,14 +81,21 @@ def test_by_default_the_fallback_tunes_on_calibration_images_beyond_the_sample_a
     assert again.paths == tune.paths                                   # seeded: the same images every time
 
 
-def test_too_few_beyond_the_sample_are_topped_up_from_the_sample(tmp_path):
+def test_the_images_the_ranges_were_fitted_on_tune_only_where_too_few_are_beyond_the_sample(tmp_path):
+    from tasks.fallback import MIN_TUNING_IMAGES
+
     cfg = _project(tmp_path)     # 300 calibration images, 200 sampled: 100 beyond; the default wants 359
     tune, judge, source = tuning_and_gate_sets(cfg)
     calibrated = _resolved(calibration_paths(cfg))
-    assert len(tune) == 300 and len(judge) == 359
-    assert not _resolved(tune.paths[:100]) & calibrated and _resolved(tune.paths[100:]) == calibrated
-    assert "100 images of calibration.data_dir calib beyond the calibration sample and 200 of the sample itself" \
-        in source
+    assert len(tune) == 100 and len(judge) == 359 and not _resolved(tune.paths) & calibrated
+    assert source.startswith("100 images of calibration.data_dir calib beyond the calibration sample, drawn")
+    cfg = _project(tmp_path, count=280)   # 20 beyond: topped up from the sample to MIN_TUNING_IMAGES
+    tune, _, source = tuning_and_gate_sets(cfg)
+    calibrated = _resolved(calibration_paths(cfg))
+    assert len(tune) == MIN_TUNING_IMAGES and not _resolved(tune.paths[:20]) & calibrated
+    assert _resolved(tune.paths[20:]) <= calibrated
+    assert f"20 images of calibration.data_dir calib beyond the calibration sample and {MIN_TUNING_IMAGES - 20} " \
+           f"of the sample itself (the ranges were fitted on those" in source
 
 
 def test_an_image_the_gate_judges_is_never_a_tuning_image(tmp_path):

@@ -142,6 +142,12 @@ class CTC:
     """The task metric (``task.py``'s class form, one record per image)."""
     records_per_image = True
     limits = {"min": {"agreement": 0.9}, "max": {"cer": 0.02, "accuracy_drop": 0.01}}
+    outcome = "strings"   # what changed() counts
+
+    @staticmethod
+    def changed(record: dict) -> int:
+        """1 where INT8 reads the image's string otherwise than FP32."""
+        return int(not record["same"])
 
     def __init__(self, **options):
         self.o = read_options(CTCOptions, options, "ctc")

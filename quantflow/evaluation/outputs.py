@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..quantization.deploy import quantized_graph
+from .floor import energy_changed
 from .intervals import resampling
 from .parts import label
 from .parts import regions as resolve_regions
@@ -156,7 +157,8 @@ class Outputs:
 
         def check(qparams) -> dict:
             stats = output_stats(ev, graph, quantized_graph(folded, qparams), aipp_params, regions, names)
-            return judged_outputs(stats, regions, list(ev.names), ev.labels, limits)
+            return dict(judged_outputs(stats, regions, list(ev.names), ev.labels, limits),
+                        changed=energy_changed(stats, regions))
         return check
 
     def focus(self, r: dict) -> list[str]:

@@ -17,7 +17,10 @@ arguments.  Two forms:
   ``steering(records)`` returning {"figure": text, "value": number, "error": number} or None: a low-variance
   figure of INT8 against FP32 (``error`` the lower the better) that the fallback steers by where the metric's
   numbers fail (``steering.py``; the shipped ``detection`` metric's: the SQNR of the scores and boxes near
-  the threshold), instead of the least SQNR of the outputs.
+  the threshold), instead of the least SQNR of the outputs.  A class with per-image records may also have
+  ``changed(record)`` returning the number of task outcomes INT8 changes against FP32 in that image, and ``outcome``
+  naming them ("boxes", "strings", "pixels"): what the float16 floor counts (``floor.py``); without it the floor
+  compares the outputs' noise energy.
 
 Every limited number gets a bootstrap interval and a verdict (``intervals``, ``verdicts``): the function form's
 per-image values are re-averaged per draw, the records re-summarized per draw.
@@ -40,6 +43,7 @@ import numpy as np
 from ..entry import load_entry
 from ..errors import ConfigError, QuantflowError
 from ..quantization.deploy import quantized_graph
+from .floor import changed_outcomes, energy_changed
 from .intervals import Resampling, mean_replicates, record_replicates, resampling
 from .intervals import figure as figure_of
 from .outputs import failing_outputs, failure_text, network_regions, region_rows, rows_details, rows_text
@@ -86,11 +90,32 @@ class TaskMetric:
             self._batch, self._summarize = inst.batch, inst.summarize
             own = getattr(inst, "steering", None)
             self._steering = own if callable(own) else None
+            counts = getattr(inst, "changed", None)
+            if callable(counts) and self.records_per_image:
+                self._changed, self.outcome = counts, str(getattr(inst, "outcome", "outcomes"))
             for kind, limits in getattr(obj, "limits", {}).items():
                 self.defaults[kind] = dict(limits)
         else:
             self._batch = lambda fp32, int8, batch: obj(fp32, int8, batch, **self.options)
             self._summarize, self._steering = self._means, None
+
+    _changed, outcome = None, None   # a per-image class's changed(record) and the unit it counts
+
+    def changed(self, records: list, stats: np.ndarray, regions: list) -> dict:
+        """``floor.changed_outcomes`` of the images of ``records``: the metric's ``changed(record)`` per image (the
+        outcomes INT8 changes against FP32 in it, counted in its ``outcome``: boxes, strings, pixels) where it has
+        one (with ``records_per_image``), else the outputs' noise energy per image (``floor.energy_changed``)."""
+        if self._changed is None:
+            return energy_changed(stats, regions)
+        counts = []
+        for i, rec in enumerate(records):
+            v = self._call(self._changed, rec, where=f"in changed, on the record of image {i}")
+            try:
+                counts.append(float(v))
+            except (TypeError, ValueError):
+                raise QuantflowError(f"evaluation.metric {self.metric}: changed returned {type(v).__name__}, not a "
+                                     f"number of changed outcomes") from None
+        return changed_outcomes(self.outcome, counts)
 
     def record(self, fp32: dict, int8: dict, batch: Batch):
         """The metric's record of one batch (the function form: its per-image values, checked)."""
@@ -267,7 +292,8 @@ class Task:
             more, more_draws = region_figures(rows, stats, r)
             rows = mark_rows(with_intervals(rows, stats, r), more)
             report = attach(report, figures + more, {**draws, **more_draws}, r, limits, outputs=rows,
-                            steering=steering_of(metric.steering(records), region_steering(rows)))
+                            steering=steering_of(metric.steering(records), region_steering(rows)),
+                            changed=metric.changed(records, stats, regions))
             for c in checks:   # each limit's verdict is its figure's
                 c["passed"] = c["number"] not in report["failures"]
             return report

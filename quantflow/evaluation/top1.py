@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..quantization.deploy import quantized_graph
+from .floor import changed_outcomes
 from .intervals import FAIL, UNDECIDED, figure, mean_replicates, resampling, subset_mean_replicates
 from .outputs import region_rows, rows_text
 from .parts import Region
@@ -17,6 +18,7 @@ from .steering import top1_steering
 from .verdicts import attach, explain, with_intervals
 
 TOP5_FROM = 100   # classes from which the report shows top-5 too (ImageNet-style heads)
+OUTCOME = "classes"   # what INT8 changes (``floor``): an image's top-1 class other than FP32's
 
 
 def _pct(x: float) -> str:
@@ -106,6 +108,7 @@ def judged(fp: np.ndarray, q: np.ndarray, labels: np.ndarray, limits, output: st
     report["class_failures"] = [f["label"] for f in figures[1:] if f["verdict"] == FAIL]
     # the most images whose correctness INT8 may change (as many lost as gained) for a PASS on these images
     report["changes_allowed"] = max_changed(len(labels), limits.threshold, limits.confidence)
+    report["changed"] = changed_outcomes(OUTCOME, fp.argmax(1) != q.argmax(1))
     return report
 
 

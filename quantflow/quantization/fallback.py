@@ -54,7 +54,8 @@ def roll_back(qparams: QuantParams, ranking: list[str], check: Callable[[QuantPa
     def step(in_float: list[str], result: dict, done: bool) -> dict:
         return {"float_ops": [{"node": n, "scope": scopes[n]} for n in in_float],
                 "int8_ops": len(qparams.ops) - len(in_float), **{k: result[k] for k in fields}, "passed": done,
-                "looks": looks, **({k: result[k] for k in ("verdict", "undecided", "steering") if k in result})}
+                "looks": looks, **({k: result[k] for k in ("verdict", "undecided", "steering", "distance")
+                                    if k in result})}
 
     kept: list[str] = []
     rejected: set[str] = set()

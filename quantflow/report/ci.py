@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+from ..evaluation.floor import distance_line
 from ..evaluation.intervals import FAIL, UNDECIDED, line, number
 
 SUITE = "quantflow.gate"
@@ -61,6 +62,11 @@ def markdown(report: dict, title: str = "quantflow accuracy gate") -> str:
         base = "" if not b else f"{number(b['value'])}: {'WORSE' if b['worse'] else 'not worse'}"
         lines.append(f"| {_cell(f['figure'])} | {number(f['value'])} | {iv} | {'>=' if f['kind'] == 'min' else '<='} "
                      f"{f['limit']:g} | {verdict} | {_cell(base)} |")
+    said = distance_line(report)
+    if said:
+        f16 = report.get("float16", {})
+        lines += ["", f"Against the float16 floor (no op in INT8): {said}."
+                  + (f" The float16-only path: {f16['figure']} ({f16['verdict']})." if f16 else "")]
     rows = report.get("outputs", [])
     if rows:
         lines += ["", "Fidelity of INT8 against FP32 (cosine, SQNR):", "",

@@ -1,11 +1,12 @@
 """The build report as one self-contained HTML file (plots embedded as base64 PNG).
 
 Sections (each an element with the id given): ``verdict`` (with the fallback's tuning figure beside the gate's
-when the automatic fallback ran), ``per-class`` (top-1; ``per-output`` for the outputs metric and the task
-metrics, ``quantflow.evaluation``), ``sensitivity``, ``histograms`` (the worst layers' calibration histograms
-with the chosen clip), ``recovery`` (``report.recovery``), ``fallback``.  Layers are called by their short names (``qparams.short_names``: unique,
-the block indices kept) in the charts and tables, with the full layer scope beside them in the tables and as
-the tooltip.
+when the automatic fallback ran), ``floor`` (INT8 against the float16-only path, ``evaluation.floor``),
+``per-class`` (top-1; ``per-output`` for the outputs metric and the task metrics, ``quantflow.evaluation``),
+``sensitivity``, ``histograms`` (the worst layers' calibration histograms with the chosen clip), ``recovery``
+(``report.recovery``), ``fallback``.  Layers are called by their short names (``qparams.short_names``: unique, the
+block indices kept) in the charts and tables, with the full layer scope beside them in the tables and as the
+tooltip.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..evaluation.floor import distance_line, own_failure
 from ..evaluation.intervals import number
 from ..evaluation.metrics import metric
 from ..evaluation.outputs import rows_details
@@ -57,12 +59,42 @@ def _verdict_rows(m, gate: dict) -> list[list]:
             rows.append(["note", t["note"]])
     if gate.get("steering"):
         rows.append(["steering figure (INT8 against FP32)", steering_line(gate["steering"])])
-    f16 = gate.get("float16_reference")
+    f16 = gate.get("float16")
     if f16:
-        rows.append(["for reference: no layer in INT8", f"{f16['figure']} ({f16['verdict']})"
-                     + (f"; {f16['steering_line']}" if f16.get("steering_line") else "")])
+        rows.append(["float16 floor: no op in INT8", f"{f16['figure']} (overall {f16['verdict']})"])
+    if distance_line(gate):
+        rows.append(["INT8 against the float16 floor", distance_line(gate)])
     return rows + [["INT8 ops", int8_ops(gate).replace(" INT8 ops", "")],
                    ["range method", gate.get("calibration_method", "?")]]
+
+
+def floor_section(gate: dict, fallback: dict | None) -> str:
+    """The ``floor`` section: INT8 against the float16-only path on the same images (``evaluation.floor``): a chart
+    of the outcomes each changes and, after the automatic fallback, the curve it walked (INT8 share of the
+    multiply-adds against the outcomes changed: on the gate's images where the gate measured it, ``curve``, else on
+    the tuning images), and the float16-only path's figures."""
+    d, f16 = gate.get("distance"), gate.get("float16")
+    if not d or not f16:
+        return ""
+    held = [(p["int8_mac_share"], p["changed"]) for p in gate.get("curve", []) if p.get("int8_mac_share") is not None]
+    steps = [s for s in (fallback or {}).get("steps", []) if not s.get("undone") and s.get("distance")]
+    curve = held or [(s["distance"]["int8_mac_share"], s["distance"]["int8_changed"]) for s in steps
+                     if "int8_mac_share" in s["distance"]]
+    where = "held-out images" if held else "tuning images"
+    rows = [[f["figure"], number(f["value"]), "" if f["low"] is None else f"[{number(f['low'])}, {number(f['high'])}]",
+             f["verdict"]] for f in f16.get("figures", [])]
+    return "".join([
+        '<section id="floor"><h2>INT8 against the float16 floor</h2>',
+        f"<p>{html.escape(distance_line(gate))}. The float16 floor: {html.escape(f16['what'])}.</p>",
+        _img(plots.floor_chart(d["unit"], d["float16_changed"], d["int8_changed"], d["low"] if d["counted"] else None,
+                               d["high"] if d["counted"] else None, curve, where), "INT8 against the float16 floor"),
+        _table(["layers in float16", "INT8 share of multiply-adds", f"changed {d['unit']}", "ratio to float16",
+                "interval", "verdict"],
+               [[p["float16_layers"], f"{p['int8_mac_share']:.1%}", f"{p['changed']:g}", number(p["ratio"]),
+                 "" if p["low"] is None else f"[{number(p['low'])}, {number(p['high'])}]", p["verdict"]]
+                for p in gate.get("curve", [])]) if gate.get("curve") else "",
+        _table(["float16-only figure", "value", "interval", "verdict against the same limits"], rows) if rows else "",
+        "</section>"])
 
 
 def figure_rows(gate: dict) -> tuple[list[str], list[list]]:
@@ -102,10 +134,11 @@ def render(title: str, gate: dict, sensitivity: dict | None, histograms: dict, f
              _table(["", "value"], _verdict_rows(m, gate))]
     if gate.get("figures"):
         parts.append(_table(*figure_rows(gate)))
-    failure = m.failure(gate)
+    failure = own_failure(m, gate)
     if failure:
         parts.append(f'<p class="fail">{html.escape(failure)}</p>')
     parts.append("</section>")
+    parts.append(floor_section(gate, fallback))
     section, heading, head, rows = m.details(gate)
     parts += [f'<section id="{section}"><h2>{heading}</h2>', _table(head, rows), "</section>"]
     if section != "per-output" and gate.get("outputs"):

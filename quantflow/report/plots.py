@@ -70,3 +70,33 @@ def step_chart(int8_ops: list[int], series) -> bytes:
     ax.set_ylabel(series.ylabel)
     ax.legend(fontsize=7)
     return _png(plt, fig)
+
+
+def floor_chart(unit: str, float16: float, int8: float, low: float | None, high: float | None,
+                curve: list[tuple[float, float]] = (), where: str = "tuning images") -> bytes:
+    """Left: the task outcomes (``unit``) the float16-only path and INT8 change against FP32, INT8's bar with the
+    ratio's interval drawn as float16's count times its ends.  Right, where the fallback walked a ``curve``
+    ((INT8 share of the multiply-adds, changed outcomes) per kept step, on ``where``): the price of each step."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2 if curve else 1, figsize=(9 if curve else 5, 2.8), dpi=100, squeeze=False)
+    axes = axes[0]
+    ax = axes[0]
+    ax.bar([0, 1], [float16, int8], color=["#4a8", "#c64"])
+    if low is not None and high is not None:
+        base = max(float16, 1.0)
+        ax.errorbar([1], [int8], yerr=[[max(int8 - low * base, 0)], [max(high * base - int8, 0)]], color="k",
+                    capsize=4, label="ratio's interval x float16's count")
+        ax.legend(fontsize=7)
+    ax.set_xticks([0, 1], ["float16 only", "INT8 build"])
+    ax.set_ylabel(f"changed {unit} vs FP32", fontsize=8)
+    if curve:
+        share, changed = zip(*curve)
+        axes[1].plot([s * 100 for s in share], changed, marker="o")
+        axes[1].set_xlabel("INT8 share of multiply-adds (%)", fontsize=8)
+        axes[1].set_ylabel(f"changed {unit} ({where})", fontsize=8)
+        axes[1].invert_xaxis()
+        axes[1].set_title("fallback: each kept step", fontsize=8)
+    return _png(plt, fig)

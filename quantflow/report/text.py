@@ -1,6 +1,7 @@
 """The accuracy report as text (the console and ``accuracy_report.txt``)."""
 from __future__ import annotations
 
+from ..evaluation.floor import distance_line
 from ..evaluation.intervals import line
 from ..evaluation.metrics import metric
 from ..evaluation.steering import line as steering_line
@@ -34,10 +35,17 @@ def format_table(r: dict) -> str:
     if r.get("steering"):
         head.append(f"  steering figure (INT8 against FP32, what the fallback steers by): "
                     f"{steering_line(r['steering'])}")
-    f16 = r.get("float16_reference")
+    f16 = r.get("float16")
     if f16:
-        head.append(f"  for reference, {f16['what']}: {f16['figure']} ({f16['verdict']} against the same limits)"
-                    + (f"; {f16['steering_line']}" if f16.get("steering_line") else ""))
+        head.append(f"  the float16 floor ({f16['what']}): {f16['figure']}")
+    if distance_line(r):
+        head.append(f"  {distance_line(r)}")
+    for p in r.get("curve", []):
+        head.append(f"    the fallback's step with {p['float16_layers']} layer(s) in float16: INT8 "
+                    f"{p['int8_mac_share']:.1%} of the multiply-adds, {p['changed']:g} changed, {p['ratio']:.3g}x the "
+                    f"floor ({p['verdict']})")
+    if r.get("quantized_ops") == 0:
+        head.append("  a float16-only build (no op in INT8): \"INT8\" below is the device's float16 path")
     if r.get("precision_note"):
         head.append(f"  note: {r['precision_note']}")
     if r.get("float16_layers"):
