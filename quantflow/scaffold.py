@@ -277,21 +277,17 @@ def _probe_inputs(a, shape: list[int]) -> tuple[list, int]:
 
 def _run_outputs(a, shape: list[int], classes: int | None) -> tuple[list[list] | None, int, str]:
     """The outputs of the network (one list of arrays per run) on a few calibration images at ``shape``, how many
-    images they were, or (None, 0, the reason) when it cannot run here."""
+    images they were, or (None, 0, the reason) when it cannot run here.  An ONNX file onnxruntime cannot run is a
+    ConfigError (``_onnxruntime_runs``): the build could not check its reading against it either."""
+    try:
+        batches, images = _probe_inputs(a, shape)
+    except Exception as err:  # images that cannot be prepared here: init still writes a config
+        return None, 0, _first_line(err)
+    if a.onnx is not None:
+        return _onnxruntime_runs(a.onnx, batches, shape), images, ""
     try:
         import numpy as np
 
-        batches, images = _probe_inputs(a, shape)
-        if a.onnx is not None:
-            import onnxruntime as ort
-
-            opts = ort.SessionOptions()
-            opts.log_severity_level = 3
-            sess = ort.InferenceSession(str(a.onnx), opts, providers=["CPUExecutionProvider"])
-            inp = sess.get_inputs()[0]
-            dtype = {"tensor(float16)": np.float16, "tensor(double)": np.float64, "tensor(uint8)": np.uint8}.get(
-                inp.type, np.float32)
-            return [sess.run(None, {inp.name: x.astype(dtype)}) for x in batches], images, ""
         if a.mindir is not None:
             g = _mindir_graph(a.mindir)
             try:
@@ -302,8 +298,55 @@ def _run_outputs(a, shape: list[int], classes: int | None) -> tuple[list[list] |
                 return [[np.zeros(g.shape(o), np.float32) for o in g.outputs]], 0, ""
         return [_entry_outputs(a, x, classes) for x in batches], images, ""
     except Exception as err:  # whatever the runtime or the user's network raises: init still writes a config
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        return None, 0, first
+        return None, 0, _first_line(err)
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def _onnxruntime_runs(path: Path, batches: list, shape: list[int]) -> list[list]:
+    """onnxruntime's outputs of the ONNX file on each batch: what the build checks the graph IR against.  A
+    ConfigError where onnxruntime cannot load or run the file, with onnxruntime's error, the nodes outside
+    standard ONNX (domain and op) and the fix."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from .errors import QuantflowError
+    from .frontends.onnx_model import onnxruntime_model
+    try:
+        model = onnxruntime_model(path, shape)   # a converter's leftover in its standard form
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        inp = sess.get_inputs()[0]
+        dtype = {"tensor(float16)": np.float16, "tensor(double)": np.float64, "tensor(uint8)": np.uint8}.get(
+            inp.type, np.float32)
+        return [sess.run(None, {inp.name: x.astype(dtype)}) for x in batches]
+    except QuantflowError as err:
+        raise ConfigError(f"--onnx: {err}") from None
+    except Exception as err:  # onnxruntime's own errors (an op it lacks, an invalid model, a shape it refuses)
+        raise ConfigError(_cannot_run_message(path, err, shape)) from None
+
+
+def _cannot_run_message(path: Path, err: Exception, shape: list[int]) -> str:
+    """Why init stops on an ONNX file onnxruntime cannot run: its error, the nodes outside standard ONNX, the fix."""
+    import onnx
+
+    from .frontends.onnx_custom import describe_nodes, nonstandard_nodes, unknown_op_fix
+    said = " ".join(str(err).split()) or type(err).__name__
+    model = onnx.load(str(path), load_external_data=False)
+    found = nonstandard_nodes(model)
+    text = f"--onnx: onnxruntime cannot run {path} at input shape {shape}: {said}"
+    if not found:
+        return (text + ". The build checks quantflow's reading of the model against onnxruntime on this file: fix "
+                       "the model so that onnxruntime runs it (onnx.checker.check_model(path, full_check=True) names "
+                       "what is invalid in it), or give --input-shape where the shape is wrong")
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    fixes = dict.fromkeys(unknown_op_fix(d, op, opset) for _, d, op in found)
+    return (text + f". It holds ops outside standard ONNX (domain:op): {describe_nodes(found)}. Fix: "
+            + "; ".join(fixes) + ". quantflow reads standard ONNX ops only, and the build checks its reading "
+            "against onnxruntime on this file")
 
 
 def _output_names(a) -> list[str] | None:

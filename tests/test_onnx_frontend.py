@@ -311,7 +311,7 @@ def test_the_fp32_onnx_quantflow_writes_reads_back(name, tmp_path):
 def test_unknown_op_is_refused_naming_type_and_node():
     n = Net(8)
     model = n.model(n.op("Cos", [n.conv("input", "c1", 3, 4)], "my_cos"))
-    with pytest.raises(UnsupportedNetworkError, match=r"unsupported ONNX op 'Cos' at node my_cos\b"):
+    with pytest.raises(UnsupportedNetworkError, match=r"unsupported ONNX op 'Cos' \(domain ai.onnx, the default\) at node my_cos\b"):
         read_onnx(model)
     n = Net(8)
     x = n.conv("input", "c1", 3, 4)

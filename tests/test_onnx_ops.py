@@ -307,8 +307,9 @@ def test_a_recurrent_layer_the_device_would_compute_otherwise_is_refused(attrs, 
 def test_unsupported_op_message_names_the_op_and_node():
     n = Net(27)
     y = n.op("Hardmax", [n.conv("input", "c", 3, 4, k=1)], "my_hardmax", axis=1)
-    with pytest.raises(UnsupportedNetworkError, match=r"unsupported ONNX op 'Hardmax' at node my_hardmax: quantflow "
-                                                      r"cannot run or quantize it \(supported ONNX ops: .*LSTM"):
+    with pytest.raises(UnsupportedNetworkError, match=r"unsupported ONNX op 'Hardmax' \(domain ai.onnx, the default\) "
+                                                      r"at node my_hardmax: quantflow cannot run or quantize it. Fix: "
+                                                      r".*\(supported ONNX ops: .*LSTM"):
         read_onnx(model_of(n, [y], (1, 3, 8, 8)))
 
 

@@ -17,6 +17,11 @@ BN folding, calibration, the INT8 scheme, the emulator and the deploy graphs wor
   its rows (as nn.Dense);
 - ``ConvTranspose`` is ``Conv2DTranspose`` (+ ``BiasAdd``), ``LSTM`` / ``GRU`` one ``DynamicRNN`` /
   ``DynamicGRUV2`` per direction (``quantflow/ops/rnn.py``), ``InstanceNormalization`` its arithmetic steps;
+  ``PRelu`` MindSpore's ``PReLU`` where its slope is one per channel, else ``max(x, 0) + slope * min(x, 0)``;
+  the elementwise binaries broadcast as ONNX does, operands of any rank;
+- a converter's leftover with a standard meaning (MediaPipe's transposed convolution with bias, as tf2onnx leaves
+  it) is first rewritten as the standard ops computing it (``onnx_custom.standard_form``); any other op is refused
+  naming it, its domain and the fix (``onnx_custom.unknown_op_fix``);
 - pooling pads are explicit (``pad_mode`` "valid", "same" where they are MindSpore's same pads, else
   "pad"); ``ceil_mode`` becomes extra end padding, ``count_include_pad`` a ``Pad`` before the pool;
 - ``Identity``, ``Dropout`` (inference) and float-to-float ``Cast`` are resolved away;
@@ -42,6 +47,7 @@ import numpy as np
 
 from ..errors import UnsupportedNetworkError
 from ..ir import Graph, Node, TensorInfo
+from .onnx_custom import TRANSPOSE_CONV_BIAS, is_standard, standard_form, unknown_op_fix
 from .onnx_ops import HANDLERS, Const, Ctx, ir_array, is_static
 
 _RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -215,14 +221,15 @@ class _Reader:
         if standard and self._foldable(n):
             self._fold(ctx)
             return
-        handler = HANDLERS.get(n.op_type) if standard else None
+        handler = HANDLERS.get(n.op_type) if is_standard(n.domain, n.op_type, self.opset) else None
         if handler is None:
             name = n.name or f"v{k}"
-            domain = f" (domain {n.domain!r})" if not standard else ""
+            domain = "ai.onnx, the default" if standard else repr(n.domain)
             raise UnsupportedNetworkError(
-                f"unsupported ONNX op {n.op_type!r}{domain} at node {name}: quantflow cannot run or quantize it "
-                f"(supported ONNX ops: {', '.join(sorted(HANDLERS))}, plus Identity, Dropout, Cast between float "
-                f"types, and any standard op on constants)")
+                f"{self.source}: unsupported ONNX op {n.op_type!r} (domain {domain}) at node {name}: quantflow cannot "
+                f"run or quantize it. Fix: {unknown_op_fix(n.domain, n.op_type, self.opset)} (supported ONNX ops: "
+                f"{', '.join(sorted(HANDLERS))}, plus Identity, Dropout, Cast between float types, any standard op "
+                f"on constants, and MediaPipe's {TRANSPOSE_CONV_BIAS[0]} as tf2onnx leaves it)")
         handler(ctx)
 
     def _foldable(self, n) -> bool:
@@ -307,8 +314,22 @@ def read_onnx(path, input_shape: Sequence[int] | None = None) -> Graph:
         dims = _dims(i.type.tensor_type)
         if not is_static(dims):
             raise UnsupportedNetworkError(_dynamic_message(source, i.name, dims))
+    model = standard_form(model, source)
     model, infos, why = _value_shapes(model, source)
     return _Reader(model, source, name, infos, why).read()
+
+
+def onnxruntime_model(path, input_shape: Sequence[int]):
+    """What onnxruntime runs for the ONNX file at ``path`` (as the reference for the reader): the file's path as
+    given, or, where it holds ops a converter left behind with a standard meaning (``onnx_custom.standard_form``),
+    their standard form at ``input_shape``, serialized."""
+    import onnx
+
+    if not any(n.op_type in TRANSPOSE_CONV_BIAS for n in onnx.load(str(path), load_external_data=False).graph.node):
+        return str(path)
+    model = onnx.load(str(path))
+    _fix_input_shape(model, str(path), [int(d) for d in input_shape])
+    return standard_form(model, str(path)).SerializeToString()
 
 
 def _graph_inputs(model) -> list:

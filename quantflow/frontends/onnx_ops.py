@@ -345,33 +345,50 @@ def _leaky_relu(ctx: Ctx):
                  {"rank": len(ctx.shape(0))})
 
 
-def _prelu(ctx: Ctx):
-    """PRelu with one slope per channel (axis 1) or one for all: MindSpore's PReLU."""
-    xs = ctx.shape(0)
-    slope = ctx.need_const(1, "slope").astype(np.float32)
-    if len(xs) < 2:
-        ctx.fail(f"PRelu of a rank-{len(xs)} tensor")
-    try:
-        full = np.broadcast_to(slope, xs[1:])
-    except ValueError:
-        ctx.fail(f"slope of shape {slope.shape} for input {xs}")
-    channel = full.reshape(xs[1], -1)
+def _channel_slope(slope: np.ndarray, xs: tuple[int, ...]) -> np.ndarray | None:
+    """The slope as MindSpore's PReLU holds it (one value, or one per channel of axis 1), or None where the slope,
+    broadcast to the input's shape ``xs``, varies along some other axis."""
     if slope.size == 1:
-        weight = slope.reshape(1)
-    elif np.all(channel == channel[:, :1]):
-        weight = np.ascontiguousarray(channel[:, 0])
-    else:
-        ctx.fail(f"slope of shape {slope.shape} varies beyond the channel axis (MindSpore's PReLU: one per channel)")
-    ctx.emit("PReLU", [ctx.x(0), ctx.const_input(1, weight, keep_name=weight.shape == slope.shape)],
-             {"rank": len(xs)})
+        return slope.reshape(1)
+    if len(xs) < 2:
+        return None
+    channel = np.moveaxis(np.broadcast_to(slope, xs), 1, 0).reshape(xs[1], -1)
+    return np.ascontiguousarray(channel[:, 0]) if np.all(channel == channel[:, :1]) else None
+
+
+def _prelu(ctx: Ctx):
+    """PRelu, its slope broadcast to the input as ONNX broadcasts it (from the right; any rank up to the input's,
+    e.g. (1, C, 1, 1) for NCHW): MindSpore's PReLU where the slope is one value or one per channel; a slope that
+    varies along another axis (over H / W) is written out as max(x, 0) + slope * min(x, 0), which computes
+    PRelu's one rounded product in float16 too (the sum adds a zero)."""
+    xs, shape, slope = ctx.shape(0), ctx.shape(1), ctx.const(1)
+    try:
+        fits = len(shape) <= len(xs) and np.broadcast_shapes(shape, xs) == tuple(xs)
+    except ValueError:  # not broadcastable at all
+        fits = False
+    if not fits:
+        ctx.fail(f"slope of shape {shape} does not broadcast to the input's {xs} (ONNX: unidirectional "
+                 f"broadcasting); re-export with a slope of shape (C,) or (C, 1, 1)")
+    weight = None if slope is None else _channel_slope(slope.astype(np.float32), xs)
+    if weight is not None:
+        ctx.emit("PReLU", [ctx.x(0), ctx.const_input(1, weight, keep_name=weight.shape == slope.shape)],
+                 {"rank": len(xs)})
+        return
+    full = TensorInfo(tuple(xs), "float32")
+    zero = ctx.r.claim(f"v{ctx.k}:zero")
+    ctx.r.initializers[zero] = np.float32(0.0)
+    parts = [ctx.emit(op, [ctx.x(0), zero], {}, suffix=suffix, infos=[full], result=None)[0]
+             for op, suffix in (("Maximum", "pos"), ("Minimum", "neg"))]
+    scaled = ctx.emit("Mul", [parts[1], ctx.x(1)], {}, suffix="scaled", infos=[full], result=None)[0]
+    ctx.emit("Add", [parts[0], scaled], {})
 
 
 def _pow(ctx: Ctx):
-    e = ctx.const(1)
+    ins, e = _operands(ctx), ctx.const(1)
     if e is not None and e.dtype.kind != "f":  # an integer exponent in float arithmetic
-        ctx.emit("Pow", [ctx.x(0), ctx.const_input(1, e.astype(np.float32), keep_name=False)], {})
+        ctx.emit("Pow", [ins[0], ctx.const_input(1, e.astype(np.float32), keep_name=False)], {})
     else:
-        ctx.emit("Pow", [ctx.x(0), ctx.x(1)], {})
+        ctx.emit("Pow", ins, {})
 
 
 def _variadic(op: str):
@@ -391,16 +408,30 @@ def _variadic(op: str):
     return handler
 
 
+def _operands(ctx: Ctx) -> list[str]:
+    """The two operands of an elementwise binary op, which the IR broadcasts as ONNX does from opset 7 on (NumPy's
+    rule: aligned from the right, any ranks, 1-sized axes).  Opsets 1-6 broadcast B from ``axis`` instead where
+    ``broadcast`` is set: read where that is the same alignment, refused otherwise."""
+    if ctx.r.opset < 7 and int(ctx.attr("broadcast", 0)):
+        ra, rb = len(ctx.shape(0)), len(ctx.shape(1))
+        axis = int(ctx.attr("axis", ra - rb))
+        if norm_axis(axis, ra) != ra - rb:
+            ctx.fail(f"opset-{ctx.r.opset} broadcasting of B {ctx.shape(1)} from axis {axis} of A {ctx.shape(0)} "
+                     f"(not aligned from the right, as opset 7 on broadcasts); convert the model to opset 7 or later "
+                     f"first: onnx.version_converter.convert_version(model, 13)")
+    return [ctx.x(0), ctx.x(1)]
+
+
 def _mul(ctx: Ctx):
     if ctx.k in ctx.r.silu:
         ctx.emit("SiLU", [ctx.r.tensor(ctx.r.silu[ctx.k], ctx.where)], {})
     else:
-        ctx.emit("Mul", [ctx.x(0), ctx.x(1)], {})
+        ctx.emit("Mul", _operands(ctx), {})
 
 
 def _add(ctx: Ctx):
     """Add; a constant per-channel vector added to a Conv2D / 2-D MatMul output is that layer's BiasAdd."""
-    out = ctx.out_shape()
+    ins, out = _operands(ctx), ctx.out_shape()
     for t, c in ((0, 1), (1, 0)):
         arr, src = ctx.const(c), ctx.r.values.get(ctx.n.input[t])
         node = ctx.r.producer.get(src) if isinstance(src, str) else None
@@ -415,12 +446,12 @@ def _add(ctx: Ctx):
             ctx.emit("BiasAdd", [ctx.x(t), ctx.const_input(c, arr.reshape(-1), keep_name=arr.ndim == 1)],
                      {"axis": 1, "rank": 2})
             return
-    ctx.emit("Add", [ctx.x(0), ctx.x(1)], {})
+    ctx.emit("Add", ins, {})
 
 
 def _binary(op: str):
     def handler(ctx: Ctx):
-        ctx.emit(op, [ctx.x(0), ctx.x(1)], {})
+        ctx.emit(op, _operands(ctx), {})
     return handler
 
 

@@ -75,10 +75,14 @@ def mindspore_outputs(mindir: Path, x: np.ndarray, batch: int) -> np.ndarray:
 
 
 def onnxruntime_outputs(path: Path, x: np.ndarray, batch: int) -> np.ndarray:
-    """onnxruntime's output of the ONNX file as given (its first output)."""
+    """onnxruntime's output of the ONNX file as given (its first output; a converter's leftover with a standard
+    meaning in its standard form, ``onnx_model.onnxruntime_model``)."""
     import onnxruntime as ort
 
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    from .onnx_model import onnxruntime_model
+
+    sess = ort.InferenceSession(onnxruntime_model(path, (batch,) + tuple(x.shape[1:])),
+                                providers=["CPUExecutionProvider"])
     feed = sess.get_inputs()[0]
     dtype = np.float16 if feed.type == "tensor(float16)" else np.float32   # a model exported in half precision
     return _batched(lambda chunk: sess.run(None, {feed.name: chunk.astype(dtype)})[0].astype(np.float32), x, batch)
