@@ -17,8 +17,20 @@ anchor points of a three-stride detector at the input size; also strides 4..32 (
 - one output per stride [N, 3, H/s, W/s, 5 + classes] (YOLOv5's raw heads): the outputs gate on their parts;
 - one 3-D output with the images' axis first or second whose rows over the last axis are a softmax (values in
   0..1 summing to 1), or any time-major one [T, N, symbols] (a CRNN's logits): a **CTC sequence** -> ``ctc``;
+- two or three outputs [N, anchors, k] (or [N, anchors]) of the same anchors, at least ``anchors.MIN_ANCHORS``
+  and not a YOLO grid (``anchors.pick_outputs``: box regressors of 4 or 4 + keypoint columns, scores the
+  narrowest of the rest, RetinaFace's landmarks beside): an **anchor-based detector** (SSD, BlazeFace / BlazePalm,
+  RetinaFace) -> ``anchor_detection``, the scores' activation from their values (in 0..1: applied by the network;
+  else sigmoid, softmax for two columns), class 0 the background where there are two or more; with keypoint
+  columns and an anchor count MediaPipe's SSD anchors give at the input size (``anchors.MEDIAPIPE_ANCHORS``), those
+  anchors and MediaPipe's box decoding (its score clip on logits), else the anchors by index (SSD's center-size
+  coder for 4 columns);
 - one output [N, 1, H, W] at the input resolution with every value in 0..1: a **text-region map** (DBNet) ->
-  ``text_regions``;
+  ``text_regions`` -- unless its name says it is a mask (``MASK_WORDS``);
+- one output [N, 1, H/s, W/s] or [N, H/s, W/s, 1] (s 1, 2, 4 or 8): a **one-channel mask** -> ``segmentation``
+  (``axis`` 3 for the second; ``activation`` sigmoid where the values leave 0..1, logits).  Told from a DB map
+  by its layout (channels last), its resolution (below the input's) or its name (at the input resolution);
+  [N, 1, H, W] logits at the input resolution not named as a mask stay with the outputs gate;
 - one output [N, classes, H/s, W/s] (s 1, 2, 4 or 8, classes >= 2): **segmentation** -> ``segmentation``;
 - anything else: the ``outputs`` gate on every output whole.
 
@@ -32,6 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .anchors import MEDIAPIPE_CLIP, SSD_SCALE, mediapipe_setting, pick_outputs
 from .parts import propose_parts
 
 STRIDES = (8, 16, 32)
@@ -40,12 +53,13 @@ SOFTMAX_TOLERANCE = 1e-3    # |row sum - 1| of a float32 softmax over thousands 
 RAW_OFFSET_CELLS = 8.0      # YOLOX's raw x, y offsets stay within a few grid cells; decoded ones are pixels
 SEGMENTATION_STRIDES = (1, 2, 4, 8)
 REG_MAX = 16                # YOLOv8's distribution-focal-loss bins per box side (the raw maps' 4 x 16 channels)
+MASK_WORDS = ("mask", "seg", "matte", "alpha", "person", "selfie", "portrait", "foreground")   # in an output's name
 
 
 @dataclass(frozen=True)
 class Head:
     """What ``recognise`` found: the metric to write, its options, the parts, and what it saw."""
-    metric: str                       # "top1", "detection", "ctc", "text_regions", "segmentation" or "outputs"
+    metric: str                       # "top1", "outputs" or a shipped task metric's name (shipped.SHIPPED)
     what: str                         # what was recognised, from what (init's comment)
     options: dict = field(default_factory=dict)
     parts: dict = field(default_factory=dict)   # parts.propose_parts' form
@@ -121,6 +135,73 @@ def _yolo(outputs: list[tuple[str, np.ndarray]], n: int, h: int, w: int) -> Head
     return None
 
 
+def _in_unit(a) -> bool:
+    v = np.asarray(a)
+    return bool(v.size and v.min() >= 0 and v.max() <= 1)
+
+
+def _anchor_head(outputs: list[tuple[str, np.ndarray]], n: int, h: int, w: int) -> Head | None:
+    shapes = {k: _shape(v) for k, v in outputs}
+    found = pick_outputs(shapes)
+    if found is None or shapes[found[0]][0] != n:
+        return None
+    boxes, scores, others = found
+    count, kb = shapes[boxes][1], shapes[boxes][-1]
+    ks = shapes[scores][2] if len(shapes[scores]) == 3 else 1
+    if _strides(count, h, w) or _strides(count, h, w, 3):   # a YOLO grid: YOLO boxes and scores split apart
+        return None
+    values = dict(outputs)[scores]
+    activation = "none" if _in_unit(values) else "softmax" if ks == 2 else "sigmoid"
+    options = {"boxes": boxes, "scores": scores, "activation": activation, **({"background": 0} if ks >= 2 else {})}
+    read = {"none": "scores in 0..1 (the network applies its activation)", "softmax": "logits (softmax)",
+            "sigmoid": "logits (sigmoid)"}[activation]
+    setting = mediapipe_setting(count, h, w) if kb > 4 else None
+    if setting:
+        strides, per_cell = setting
+        options.update(anchors="mediapipe", anchor_strides=list(strides), anchors_per_cell=per_cell,
+                       box_scale=[w, h, w, h], **({"clip": MEDIAPIPE_CLIP} if activation == "sigmoid" else {}))
+        how = (f"{count} = MediaPipe's SSD anchors of strides {', '.join(map(str, strides))} ({per_cell} per layer "
+               f"and cell) at {w}x{h}: boxes decoded against them as MediaPipe does")
+    else:
+        if kb == 4:
+            options.update(box_coder="exp", box_scale=list(SSD_SCALE))
+        how = (f"{count} anchors not known from the file: detections matched per anchor"
+               + (" (SSD's center-size box coder)" if kb == 4 else ""))
+    box = "box" if kb == 4 else f"box 4 + {(kb - 4) // 2} keypoints x 2"
+    also = "".join(f", {k} {shapes[k]} beside" for k in others)
+    return Head("anchor_detection", f"an anchor-based detection head: {boxes} {shapes[boxes]} = [images, anchors, "
+                                    f"{box}], {scores} {shapes[scores]} = [images, anchors, {ks} class"
+                                    f"{'es' if ks > 1 else ''}{', class 0 the background' if ks >= 2 else ''}] "
+                                    f"{read}{also}; {how}", options)
+
+
+def _mask(name: str, a: np.ndarray, n: int, h: int, w: int) -> Head | None:
+    """A one-channel mask (module docstring), or None."""
+    s = _shape(a)
+    if len(s) != 4 or s[0] != n:
+        return None
+    sizes: dict[tuple[int, int], int] = {}
+    for k in SEGMENTATION_STRIDES:   # the finest stride first where two give the same size
+        sizes.setdefault((-(-h // k), -(-w // k)), k)
+    axis = 1 if s[1] == 1 and tuple(s[2:]) in sizes else 3 if s[3] == 1 and tuple(s[1:3]) in sizes else None
+    if axis is None:
+        return None
+    k = sizes[tuple(s[2:] if axis == 1 else s[1:3])]
+    named = any(word in name.lower() for word in MASK_WORDS)
+    probabilities = _in_unit(a)
+    if axis == 1 and k == 1 and not named:
+        return Head("text_regions", f"a text-region probability map (DBNet): {name} {s} = [images, 1, H, W] at the "
+                                    f"input resolution, every value in 0..1") if probabilities else None
+    options = {**({"axis": 3} if axis == 3 else {}), **({} if probabilities else {"activation": "sigmoid"})}
+    at = "at the input resolution" if k == 1 else f"at 1/{k} of the input resolution"
+    why = "channels last" if axis == 3 else "below the input resolution" if k > 1 else \
+        "named as a mask (a map at the input resolution not so named is read as a DB text map)"
+    values = "every value in 0..1, foreground above 0.5" if probabilities else \
+        "logits, foreground above 0 (0.5 after a sigmoid)"
+    return Head("segmentation", f"a one-channel segmentation mask: {name} {s} = [images, "
+                                f"{'1, H, W' if axis == 1 else 'H, W, 1'}] {at} ({why}), {values}", options)
+
+
 def _softmax_rows(a: np.ndarray) -> bool:
     a = np.asarray(a, np.float64)
     return bool(a.size and a.min() >= 0 and a.max() <= 1 + SOFTMAX_TOLERANCE
@@ -138,7 +219,7 @@ def recognise(outputs: dict[str, np.ndarray], input_shape) -> Head:
     if len(items) == 1 and len(_shape(items[0][1])) == 2 and _shape(items[0][1])[0] == n:
         name, a = items[0]
         return Head("top1", f"a classifier: {name} {_shape(a)} = [images, {_shape(a)[1]} classes]")
-    yolo = _yolo(items, n, h, w)
+    yolo = _yolo(items, n, h, w) or _anchor_head(items, n, h, w)
     if yolo is not None:
         return yolo
     if len(items) == 1:
@@ -154,11 +235,9 @@ def recognise(outputs: dict[str, np.ndarray], input_shape) -> Head:
             if layout == "tnc" and s[0] != n:
                 return Head("ctc", f"a CTC sequence recognizer: {name} {s} = [{t} steps, images, {s[-1]} symbols], "
                                    f"time-major as a CRNN's logits", {"layout": layout})
-        if len(s) == 4 and s[0] == n and s[2:] == [h, w] and s[1] == 1:
-            v = np.asarray(a)
-            if v.size and v.min() >= 0 and v.max() <= 1:
-                return Head("text_regions", f"a text-region probability map (DBNet): {name} {s} = [images, 1, H, W] "
-                                            f"at the input resolution, every value in 0..1")
+        mask = _mask(name, a, n, h, w)
+        if mask is not None:
+            return mask
         if len(s) == 4 and s[0] == n and s[1] >= 2 and any(s[2:] == [-(-h // k), -(-w // k)]
                                                           for k in SEGMENTATION_STRIDES):
             k = next(k for k in SEGMENTATION_STRIDES if s[2:] == [-(-h // k), -(-w // k)])

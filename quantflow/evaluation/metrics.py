@@ -4,9 +4,9 @@
   folders (and top-5 beside it with 100 classes or more);
 - ``outputs`` (``outputs.py``, detectors and other heads): the INT8 emulation against FP32 on every network
   output, or on each part of it ``evaluation.parts`` names;
-- a task metric (``task.py``): a shipped one by name (``shipped.SHIPPED``: ``"detection"``, ``"ctc"``,
-  ``"text_regions"``, ``"segmentation"``) or the user's own ``"module:callable"``, gated on the numbers it
-  returns.
+- a task metric (``task.py``): a shipped one by name (``shipped.SHIPPED``: ``"detection"``,
+  ``"anchor_detection"``, ``"ctc"``, ``"text_regions"``, ``"segmentation"``) or the user's own
+  ``"module:callable"``, gated on the numbers it returns.
 """
 from __future__ import annotations
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 SHIPPED: dict[str, str] = {
     "detection": "quantflow.evaluation.detection:Detection",            # YOLO-style detector heads
+    "anchor_detection": "quantflow.evaluation.anchors:AnchorDetection",  # SSD, BlazeFace, RetinaFace-style heads
     "ctc": "quantflow.evaluation.ctc:CTC",                               # CTC sequence recognizers (OCR lines)
     "text_regions": "quantflow.evaluation.text_regions:TextRegions",    # DB-style text-detection maps
-    "segmentation": "quantflow.evaluation.segmentation:Segmentation",   # per-pixel class scores
+    "segmentation": "quantflow.evaluation.segmentation:Segmentation",   # per-pixel class scores, one-channel masks
 }
 
 
