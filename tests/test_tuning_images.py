@@ -1,5 +1,5 @@
 """Issue 36 part 1: tuning images that cost the gate nothing.  By default the recovery's check and the automatic
-fallback tune on calibration images beyond the calibration sample (topped up from the sample itself), never on an
+fallback tune on calibration images beyond the calibration sample (the sample tops them up only below 64), never on an
 image the gate judges, and the gate judges every held-out image; ``evaluation.tune_dir`` and ``tune_from =
 "held_out"`` (the held-out folder cut in two) as the user asks; a change of the tuning images reruns what reads
 them."""
