@@ -48,6 +48,9 @@ class ModelSection(_Section):
         default=None, description="the trained network as an ONNX file (e.g. exported from PyTorch), instead of "
                                   "entry + checkpoint")
     input_shape: tuple[int, int, int, int] = Field(description="N, C, H, W of the network input")
+    input_layout: Literal["NCHW", "NHWC"] = Field(
+        default="NCHW", description="layout of model.onnx's input: \"NHWC\" for a channels-last file (tf2onnx's), "
+                                    "read with an N, C, H, W input (input_shape stays N, C, H, W)")
     input_name: str = Field(default="x", description="name of the graph input, used for atc --input_shape")
     num_classes: Optional[int] = Field(
         default=None, gt=1, description="classes of the classification output (needed by evaluation.metric = "
@@ -77,6 +80,9 @@ class ModelSection(_Section):
                              f"loaded into)" + (f", not {given[0]}" if given else ""))
         if not given:
             raise ValueError("give the network: model.entry and model.checkpoint, or model.mindir, or model.onnx")
+        if self.input_layout != "NCHW" and self.onnx is None:
+            raise ValueError(f"model.input_layout = {self.input_layout!r} applies to model.onnx only; {given[0]} is "
+                             f"read as MindSpore exports it (N, C, H, W): remove model.input_layout")
         return self
 
     @field_validator("input_shape")
@@ -434,6 +440,10 @@ class BuildSection(_Section):
     atc_model: Literal["int8", "fp32", "int8sim"] = Field(
         default="int8", description="what atc converts: the INT8 deploy graph, or the FP32 network")
     atc_args: tuple[str, ...] = Field(default=(), description="extra atc options, e.g. --fusion_switch_file=f.cfg")
+    batch_sizes: tuple[int, ...] = Field(
+        default=(), description="batch sizes the device runs (e.g. [1, 8, 16]): deploy.onnx with a free batch, "
+                                "one INT8 .om per size (a dynamic-batch .om of the FP32 network); empty: "
+                                "model.input_shape's")
 
     @model_validator(mode="after")
     def _atc_args(self):
@@ -441,6 +451,11 @@ class BuildSection(_Section):
             check_atc_args(self.atc_args, self.atc_model)
         except ValueError as err:
             raise ValueError(f"build.atc_args: {err}") from None
+        from .backends.atc import check_batch_sizes
+        try:
+            check_batch_sizes(self.batch_sizes, self.atc_args)
+        except ValueError as err:
+            raise ValueError(f"build.batch_sizes: {err}") from None
         try:
             check_precision_mode(self.precision_mode, self.atc_model)
         except ValueError as err:

@@ -2,7 +2,8 @@
 write for the user's model.
 
 What can be read off the files is filled in: the input name; the input shape, from the model file where it is
-fixed there, its dynamic height and width (and batch 1) from the calibration images (or ``--input-shape``); then
+fixed there, its dynamic height and width (and batch 1) from the calibration images (or ``--input-shape``), always
+N, C, H, W (a channels-last ONNX input gets ``model.input_layout = "NHWC"``, ``frontends.onnx_model``); then
 the network runs at that shape on a few calibration images (onnxruntime on an ONNX file, the graph IR of a
 MindIR, the ``--entry`` network in MindSpore) and the gate is chosen from what it really returns
 (``evaluation.heads.recognise``, shapes and values): one (batch, classes) output gets the top-1 gate with that
@@ -23,6 +24,7 @@ from types import SimpleNamespace
 from .config import load_config
 from .errors import ConfigError, DataError
 from .evaluation.parts import parts_toml
+from .frontends.onnx_model import file_input_shape
 
 TEMPLATE = """# quantflow configuration (written by `quantflow init`). Paths are relative to this file.
 # Every key: docs/configuration.md. Lines marked EDIT hold defaults only you can check.
@@ -30,7 +32,7 @@ TEMPLATE = """# quantflow configuration (written by `quantflow init`). Paths are
 [model]
 {source}
 input_shape = {input_shape}   # N, C, H, W the network takes{shape_note}
-input_name = "{input_name}"    # the graph input's name (atc --input_shape)
+{layout_line}input_name = "{input_name}"    # the graph input's name (atc --input_shape)
 {classes_line}
 # verify_images = 2          # calibration images on which the graph IR is checked against the source runtime
 # verify_tolerance = 1e-3    # largest allowed |IR - source| relative to the largest |output|
@@ -77,6 +79,9 @@ workers = 1                  # local worker processes for the gate and the per-l
 # ray_address = "auto"       # or "ray://head:10001": shard over a Ray cluster (needs Ray: the ray extra of quantflow-ascend)
 """
 
+
+LAYOUT_LINE = """input_layout = "{layout}"        # the file's input is {file_shape}, N, H, W, C: built as N, C, H, W
+"""
 
 EVALUATION_TOP1 = """data_dir = "{eval}"       # held-out per-class images for the accuracy gate
 threshold = 0.01             # EDIT: largest allowed top-1 drop of INT8 against FP32 (0.01 = 1 point)"""
@@ -194,21 +199,35 @@ def _image_shape(folder: Path) -> tuple[int, int, int] | None:
     return None
 
 
-def _input_shape(a, declared: list | None, images) -> tuple[list[int], str]:
-    """The input shape to build for, and a note on where it came from."""
+def _channels_last(declared: list | None) -> bool:
+    """Whether the model file's 4-D input reads as N, H, W, C: 1 or 3 channels last and not second (a dynamic
+    second dimension included: tf2onnx writes [unk, unk, unk, 3] for a model of any image size)."""
+    return declared is not None and len(declared) == 4 and declared[3] in (1, 3) and declared[1] not in (1, 3)
+
+
+def _input_shape(a, declared: list | None, images) -> tuple[list[int], str, str]:
+    """The input shape to build for (N, C, H, W, whatever the file's layout), a note on where it came from, and
+    the file's input layout (``model.input_layout``)."""
+    layout = "NCHW"
+    if _channels_last(declared):   # read as N, C, H, W: what the images, AIPP and the IR take (onnx_model)
+        layout, declared = "NHWC", [declared[0], declared[3], declared[1], declared[2]]
+    shape, note = _nchw_shape(a, declared, images, " (its N, H, W, C input as N, C, H, W)" if layout == "NHWC" else "")
+    return shape, note, layout
+
+
+def _nchw_shape(a, declared: list | None, images, read_as: str = "") -> tuple[list[int], str]:
+    """The input shape to build for, and a note on where it came from (``declared``: N, C, H, W; ``read_as`` says
+    how it was read off the file, for the messages)."""
     if a.input_shape is not None:
         if declared is not None:
             clash = [f"dimension {i} is {d}" for i, (d, g) in enumerate(zip(declared, a.input_shape))
                      if d is not None and d != g]
             if len(declared) != 4 or clash:
-                raise ConfigError(f"--input-shape {a.input_shape}: the model's input is {declared} "
+                raise ConfigError(f"--input-shape {a.input_shape}: the model's input is {declared}{read_as} "
                                   f"({', '.join(clash) or 'not 4-D'})")
         return list(a.input_shape), " (from --input-shape)"
     if declared is not None and len(declared) != 4:
         raise ConfigError(f"the model's input has shape {declared}; quantflow builds image networks (N, C, H, W)")
-    if declared is not None and declared[1] not in (None, 1, 3) and declared[3] in (1, 3):
-        raise ConfigError(f"the model's input {declared} is channels-last (N, H, W, C); quantflow builds NCHW networks, "
-                          f"the layout of the Ascend deploy graph: export the model with an NCHW input")
     dims = list(declared) if declared is not None else [None, None, None, None]
     dims[0] = dims[0] or 1
     if dims[1] is None:
@@ -275,7 +294,8 @@ def _probe_inputs(a, shape: list[int]) -> tuple[list, int]:
     return [preprocess(b, *norm) for b in batches], n * len(batches)
 
 
-def _run_outputs(a, shape: list[int], classes: int | None) -> tuple[list[list] | None, int, str]:
+def _run_outputs(a, shape: list[int], classes: int | None,
+                 layout: str = "NCHW") -> tuple[list[list] | None, int, str]:
     """The outputs of the network (one list of arrays per run) on a few calibration images at ``shape``, how many
     images they were, or (None, 0, the reason) when it cannot run here.  An ONNX file onnxruntime cannot run is a
     ConfigError (``_onnxruntime_runs``): the build could not check its reading against it either."""
@@ -284,7 +304,7 @@ def _run_outputs(a, shape: list[int], classes: int | None) -> tuple[list[list] |
     except Exception as err:  # images that cannot be prepared here: init still writes a config
         return None, 0, _first_line(err)
     if a.onnx is not None:
-        return _onnxruntime_runs(a.onnx, batches, shape), images, ""
+        return _onnxruntime_runs(a.onnx, batches, shape, layout), images, ""
     try:
         import numpy as np
 
@@ -305,28 +325,28 @@ def _first_line(err: Exception) -> str:
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
-def _onnxruntime_runs(path: Path, batches: list, shape: list[int]) -> list[list]:
-    """onnxruntime's outputs of the ONNX file on each batch: what the build checks the graph IR against.  A
-    ConfigError where onnxruntime cannot load or run the file, with onnxruntime's error, the nodes outside
-    standard ONNX (domain and op) and the fix."""
+def _onnxruntime_runs(path: Path, batches: list, shape: list[int], layout: str = "NCHW") -> list[list]:
+    """onnxruntime's outputs of the ONNX file on each batch (N, C, H, W; fed in the file's ``layout``): what the
+    build checks the graph IR against.  A ConfigError where onnxruntime cannot load or run the file, with
+    onnxruntime's error, the nodes outside standard ONNX (domain and op) and the fix."""
     import numpy as np
     import onnxruntime as ort
 
     from .errors import QuantflowError
-    from .frontends.onnx_model import onnxruntime_model
+    from .frontends.onnx_model import file_input_batch, file_input_shape, onnxruntime_model
     try:
-        model = onnxruntime_model(path, shape)   # a converter's leftover in its standard form
+        model = onnxruntime_model(path, shape, layout)   # a converter's leftover in its standard form
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
         inp = sess.get_inputs()[0]
         dtype = {"tensor(float16)": np.float16, "tensor(double)": np.float64, "tensor(uint8)": np.uint8}.get(
             inp.type, np.float32)
-        return [sess.run(None, {inp.name: x.astype(dtype)}) for x in batches]
+        return [sess.run(None, {inp.name: file_input_batch(x, layout).astype(dtype)}) for x in batches]
     except QuantflowError as err:
         raise ConfigError(f"--onnx: {err}") from None
     except Exception as err:  # onnxruntime's own errors (an op it lacks, an invalid model, a shape it refuses)
-        raise ConfigError(_cannot_run_message(path, err, shape)) from None
+        raise ConfigError(_cannot_run_message(path, err, file_input_shape(shape, layout))) from None
 
 
 def _cannot_run_message(path: Path, err: Exception, shape: list[int]) -> str:
@@ -420,9 +440,9 @@ def write_config(a) -> tuple[Path, list[str]]:
         raise ConfigError("--entry needs --checkpoint (the trained weights)")
     base = out.resolve().parent
     declared, name = _declared_input(a)
-    shape, shape_note = _input_shape(a, declared, _image_shape(a.calib))
+    shape, shape_note, layout = _input_shape(a, declared, _image_shape(a.calib))
     folders = _class_count(a.calib)
-    runs, images, why = _run_outputs(a, shape, folders)
+    runs, images, why = _run_outputs(a, shape, folders, layout)
     flat = folders is None and a.calib.is_dir()   # images directly in the folder: no labels for a top-1 gate
     head = None
     if runs is not None:
@@ -447,6 +467,7 @@ def write_config(a) -> tuple[Path, list[str]]:
     evaluation = _evaluation_lines(head, classifier)
     text = TEMPLATE.format(
         source=source + "\n" + run_note, input_shape=shape, shape_note=shape_note, input_name=name or "x",
+        layout_line="" if layout == "NCHW" else LAYOUT_LINE.format(layout=layout, file_shape=file_input_shape(shape, layout)),
         classes_line=(f"num_classes = {classes or 1000}" + ("" if classes else "   # EDIT: the model's output width"))
         if classifier else f"# num_classes: not needed, the outputs {outs} are gated by evaluation.metric = "
                            f"\"{head.metric if head and head.metric != 'top1' else 'outputs'}\"",

@@ -20,10 +20,34 @@ ATC_JSON, ATC_LOG = "atc.json", "atc.log"
 
 
 def atc_model(cfg, export: dict) -> tuple[str, int]:
-    """(model file, atc --framework) for build.atc_model: an AIR where one exists, else the ONNX."""
+    """(model file, atc --framework) for build.atc_model: an AIR where one exists, else the ONNX; always the ONNX with
+    build.batch_sizes (only it is free in the batch; atc takes no batch profiles for an AIR: CANN 8.0 ATC,
+    --dynamic_batch_size)."""
+    onnx_only = bool(cfg.build.batch_sizes)
     if cfg.build.atc_model == "fp32":
-        return (export["air"], 1) if export.get("air") else (export["fp32_onnx"], 5)
-    return (export["deploy_air"], 1) if export.get("deploy_air") else (export["deploy_onnx"], 5)
+        return (export["air"], 1) if export.get("air") and not onnx_only else (export["fp32_onnx"], 5)
+    return (export["deploy_air"], 1) if export.get("deploy_air") and not onnx_only else (export["deploy_onnx"], 5)
+
+
+def conversions(cfg) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """The .om files atc writes: (output name, --input_shape, --dynamic_batch_size profiles).  One for
+    model.input_shape without build.batch_sizes; with them, the FP32 network as one .om with atc's batch profiles,
+    the INT8 deploy graph as one static .om per batch size (atc takes no dynamic-shape option for a quantized
+    model: quantflow.backends.atc, DYNAMIC_SHAPE)."""
+    shape, sizes = tuple(cfg.model.input_shape), tuple(cfg.build.batch_sizes)
+    if not sizes:
+        return [("model", shape, ())]
+    if cfg.build.atc_model == "fp32":
+        return [("model", shape, sizes)]
+    return [(f"model_b{n}", (n,) + shape[1:], ()) for n in sizes]
+
+
+def main_om(cfg, oms: dict) -> str | None:
+    """The .om latest.json names as ``om`` (what ``quantflow verify`` runs): the one at model.input_shape's batch,
+    else the first."""
+    if not oms:
+        return None
+    return oms.get(str(cfg.model.input_shape[0]), next(iter(oms.values())))
 
 
 def atc_stage(cfg, kdir: Path, export_dir: Path, aipp_dir: Path) -> dict:
@@ -32,6 +56,8 @@ def atc_stage(cfg, kdir: Path, export_dir: Path, aipp_dir: Path) -> dict:
     atc = find_atc()
     status = {"atc": str(atc) if atc else None, "soc_version": cfg.build.soc_version, "model": cfg.build.atc_model,
               "om": None, "command": None, "precision_note": precision_note(cfg.build.precision_mode)}
+    if cfg.build.batch_sizes:
+        status.update(batch_sizes=list(cfg.build.batch_sizes), oms={}, commands=[])
     if status["precision_note"]:
         print(f"note: {status['precision_note']}")
     model, framework = atc_model(cfg, export)
@@ -40,21 +66,29 @@ def atc_stage(cfg, kdir: Path, export_dir: Path, aipp_dir: Path) -> dict:
         status.update(status="skipped", reason=not_found_reason())
     else:
         # atc writes into a scratch folder (a fixed name: the command is recorded in atc.json, and one build
-        # runs per folder at a time); the finished .om is renamed into place
+        # runs per folder at a time); each finished .om is renamed into place
         scratch = kdir / f".atc{PARTIAL}d"
         shutil.rmtree(scratch, ignore_errors=True)
-        cmd = atc_command(atc, export_dir / model, framework, scratch / "model", cfg.build.soc_version,
-                          Path(aipp_dir) / AIPP_CFG, cfg.build.precision_mode, cfg.model.input_name,
-                          cfg.model.input_shape, cfg.build.atc_args)
-        status["command"] = cmd
-        print("running: " + " ".join(cmd))
+        built, logs = {}, []
         try:
-            result = run_atc(cmd, scratch / "model", cfg.build.atc_timeout_s)
-            os.replace(scratch / result["om"], kdir / result["om"])
+            for name, shape, profiles in conversions(cfg):
+                cmd = atc_command(atc, export_dir / model, framework, scratch / name, cfg.build.soc_version,
+                                  Path(aipp_dir) / AIPP_CFG, cfg.build.precision_mode, cfg.model.input_name,
+                                  shape, cfg.build.atc_args, profiles)
+                status["command"] = cmd
+                print("running: " + " ".join(cmd))
+                result = run_atc(cmd, scratch / name, cfg.build.atc_timeout_s)
+                os.replace(scratch / result["om"], kdir / result["om"])
+                built[",".join(map(str, profiles)) if profiles else str(shape[0])] = result["om"]
+                logs.append(result["log"])
+                if cfg.build.batch_sizes:
+                    status["commands"].append(cmd)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        status.update(status="built", om=result["om"], reason=None)
-        write_text(kdir / ATC_LOG, result["log"] + "\n")
+        if cfg.build.batch_sizes:
+            status["oms"] = built
+        status.update(status="built", om=main_om(cfg, built), reason=None)
+        write_text(kdir / ATC_LOG, "\n".join(logs) + "\n")
     write_json(kdir / ATC_JSON, status)
     if status["status"] == "skipped":
         msg = f"SKIPPED atc conversion for {cfg.build.soc_version}: {status['reason']}; no .om was written"
@@ -62,7 +96,8 @@ def atc_stage(cfg, kdir: Path, export_dir: Path, aipp_dir: Path) -> dict:
             raise AtcError(msg + " (build.require_om = true)")
         print(msg)
     else:
-        print(f"built offline model {kdir / status['om']} for {cfg.build.soc_version}")
+        for om in dict.fromkeys([status["om"], *status.get("oms", {}).values()]):
+            print(f"built offline model {kdir / om} for {cfg.build.soc_version}")
     return status
 
 
@@ -85,8 +120,11 @@ def _atc_identity() -> str | None:
 
 def _summary(b) -> dict:
     atc = json.loads((b.dir("atc") / ATC_JSON).read_text())
-    return {"om": str(b.dir("atc") / atc["om"]) if atc.get("om") else None,
-            "atc": atc["status"] if atc["status"] != "skipped" else f"skipped: {atc['reason']}"}
+    out = {"om": str(b.dir("atc") / atc["om"]) if atc.get("om") else None,
+           "atc": atc["status"] if atc["status"] != "skipped" else f"skipped: {atc['reason']}"}
+    if "oms" in atc:   # build.batch_sizes: the INT8 .om of each batch size
+        out["oms"] = {n: str(b.dir("atc") / om) for n, om in atc["oms"].items()}
+    return out
 
 
 STAGE = Stage(

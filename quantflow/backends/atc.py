@@ -2,8 +2,8 @@
 
 ``atc`` is looked up on PATH, then under $ASCEND_TOOLKIT_HOME.  The command line is built
 exactly (--model, --framework (1 AIR, 5 ONNX), --output, --soc_version, --insert_op_conf,
---precision_mode, --input_shape); a failure raises ``AtcError`` carrying atc's own error
-text.  Without atc the stage reports a skip and writes no .om.
+--precision_mode, --input_shape; --dynamic_batch_size for ``build.batch_sizes``); a failure raises
+``AtcError`` carrying atc's own error text.  Without atc the stage reports a skip and writes no .om.
 """
 from __future__ import annotations
 
@@ -103,7 +103,8 @@ def check_atc_args(args, atc_model: str) -> None:
             raise ValueError(f"unknown atc option {name}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
         if name in DYNAMIC_SHAPE and atc_model == "int8":
             raise ValueError(f"{name}: atc does not accept dynamic shapes for a quantized (int8) deploy model "
-                             f"(CANN ATC restrictions); use it with build.atc_model = \"fp32\" or drop it")
+                             f"(CANN ATC restrictions); use it with build.atc_model = \"fp32\" or drop it "
+                             f"(build.batch_sizes builds one INT8 .om per batch size)")
         value = a.split("=", 1)[1] if "=" in a else ""
         if atc_model == "int8" and (name == "--op_precision_mode" or (name == "--precision_mode_v2"
                                                                       and value == "origin")):
@@ -111,16 +112,50 @@ def check_atc_args(args, atc_model: str) -> None:
                              f"the INT8 emulation (float16 between the INT8 layers) does not model; drop it")
 
 
+# atc's batch-size profiles (CANN ATC, --dynamic_batch_size, atlasatcparam_16_0018 in CANN 8.0 and 8.5; atctool_000054
+# in 6.2): "The batch size profile range is (1,100]. At least two profiles must be set and a maximum of 100 profiles
+# are supported. The recommended value range for each profile is [1-2048]"; used with --input_shape whose first
+# dimension is -1 ("Only the scenario where N is in the first place of the shape is supported"); exclusive with the
+# other dynamic-shape options; "cannot be used together with --framework = 1. The *.air model does not support
+# dynamic shape profiles" (8.0).  And for a quantized deploy model the General Restrictions (DYNAMIC_SHAPE above)
+# exclude it altogether, so the INT8 deploy graph is converted once per batch size instead (tasks/atc.py).
+MIN_PROFILES, MAX_PROFILES, MAX_BATCH = 2, 100, 2048
+
+
+def check_batch_sizes(sizes, atc_args=()) -> None:
+    """``sizes`` (build.batch_sizes): empty, or 2 to 100 batch sizes in increasing order, each in 1..2048, and no
+    dynamic-shape option of atc's in ``atc_args`` beside them; raises ValueError saying which rule is broken."""
+    sizes = list(sizes)
+    if not sizes:
+        return
+    if not MIN_PROFILES <= len(sizes) <= MAX_PROFILES:
+        raise ValueError(f"{len(sizes)} batch size(s): atc takes {MIN_PROFILES} to {MAX_PROFILES} batch-size profiles "
+                         f"(leave it empty for one static batch, model.input_shape's)")
+    out = [s for s in sizes if not 1 <= s <= MAX_BATCH]
+    if out:
+        raise ValueError(f"batch size(s) {out} outside atc's range 1..{MAX_BATCH}")
+    if any(b <= a for a, b in zip(sizes, sizes[1:])):
+        raise ValueError(f"{sizes}: list each batch size once, in increasing order")
+    given = sorted({a.split("=", 1)[0] for a in atc_args} & DYNAMIC_SHAPE)
+    if given:
+        raise ValueError(f"{', '.join(given)} in build.atc_args: quantflow passes the batch sizes to atc itself "
+                         f"(atc takes one dynamic-shape option); drop it from build.atc_args")
+
+
 def atc_command(atc: Path, model: Path, framework: int, output_prefix: Path, soc_version: str,
                 insert_op_conf: Path | None, precision_mode: str, input_name: str, input_shape,
-                extra_args=()) -> list[str]:
-    """``framework``: 1 for an AIR (MindSpore), 5 for ONNX; ``extra_args``: build.atc_args, checked."""
+                extra_args=(), batch_sizes=()) -> list[str]:
+    """``framework``: 1 for an AIR (MindSpore), 5 for ONNX; ``extra_args``: build.atc_args, checked;
+    ``batch_sizes``: atc's batch-size profiles (``check_batch_sizes``): the input's batch becomes -1 and the
+    profiles go to --dynamic_batch_size (no shell between: the list is one argument, unquoted)."""
     cmd = [str(atc), f"--model={model}", f"--framework={framework}", f"--output={output_prefix}",
            f"--soc_version={soc_version}"]
     if insert_op_conf is not None:
         cmd.append(f"--insert_op_conf={insert_op_conf}")
-    cmd += [f"--precision_mode={precision_mode}",
-            f"--input_shape={input_name}:{','.join(str(int(d)) for d in input_shape)}"]
+    dims = [-1 if batch_sizes else int(input_shape[0])] + [int(d) for d in input_shape[1:]]
+    cmd += [f"--precision_mode={precision_mode}", f"--input_shape={input_name}:{','.join(map(str, dims))}"]
+    if batch_sizes:
+        cmd.append(f"--dynamic_batch_size={','.join(str(int(b)) for b in batch_sizes)}")
     return cmd + list(extra_args)
 
 

@@ -17,8 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calib", type=Path, default=Path("calib_data"), help="calibration images (per-class folders)")
     p.add_argument("--eval", type=Path, default=Path("eval_data"), help="held-out images (per-class folders)")
     p.add_argument("--input-shape", type=_shape_arg, metavar="N,C,H,W",
-                   help="the input shape to build for (default: the model file's, its dynamic height and width "
-                        "from the calibration images)")
+                   help="the input shape to build for, N, C, H, W whatever the model file's input layout (default: "
+                        "the model file's, its dynamic height and width from the calibration images)")
     p.add_argument("-o", "--output", type=Path, default=Path(DEFAULT_CONFIG_NAME))
 
 

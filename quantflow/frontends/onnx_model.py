@@ -28,7 +28,11 @@ BN folding, calibration, the INT8 scheme, the emulator and the deploy graphs wor
   ``Constant`` nodes, ``Shape`` / ``Size`` of the (static) tensors and every standard op whose inputs
   are all constants (the shape arithmetic exporters write, ``DequantizeLinear`` of stored weights, a
   ``Transpose`` of a weight) are evaluated here, with onnx's reference implementation;
-- a model quantized already (integer ops, QuantizeLinear on run-time values) is refused (``refuse_quantized``).
+- a model quantized already (integer ops, QuantizeLinear on run-time values) is refused (``refuse_quantized``);
+- a channels-last input (``input_layout="NHWC"``, as tf2onnx writes TFLite and Keras models) is read with an NCHW
+  input of the same name and a Transpose to NHWC after it (``_channels_first``), the layout AIPP feeds an ONNX
+  model in (the reason is there); the Transpose back to NCHW that tf2onnx puts before the first convolution
+  cancels with it.
 
 Naming follows the MindIR front-end: the node at position ``k`` of the ONNX graph is ``v<k>`` and so
 is its output value (``v<k>:<i>`` for the i-th output of a multi-output IR op; an extra IR node for
@@ -49,6 +53,9 @@ from ..errors import UnsupportedNetworkError
 from ..ir import Graph, Node, TensorInfo
 from .onnx_custom import TRANSPOSE_CONV_BIAS, is_standard, standard_form, unknown_op_fix
 from .onnx_ops import HANDLERS, Const, Ctx, ir_array, is_static
+
+INPUT_LAYOUTS = ("NCHW", "NHWC")        # the layouts of an ONNX file's image input quantflow reads
+_TO_NHWC, _TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]   # Transpose perms: NCHW -> NHWC, NHWC -> NCHW
 
 _RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 _FLOAT = ("float16", "float32", "float64", "bfloat16")
@@ -284,12 +291,17 @@ def _dynamic_message(source: str, name: str, dims) -> str:
             f"in.onnx out.onnx`, or pass read_onnx(..., input_shape=(N, C, H, W))")
 
 
-def read_onnx(path, input_shape: Sequence[int] | None = None) -> Graph:
+def read_onnx(path, input_shape: Sequence[int] | None = None, input_layout: str = "NCHW") -> Graph:
     """Read an ONNX model (a file, or an ``onnx.ModelProto``) into the graph IR.
 
     ``input_shape``: the shape of the (single) graph input, fixing its dynamic dimensions (a static
-    dimension must agree); without it every input dimension must be static in the model."""
+    dimension must agree); without it every input dimension must be static in the model.  ``input_layout``: the
+    layout of the file's input; with "NHWC" ``input_shape`` is still N, C, H, W, and the IR's input is N, C, H, W
+    (``_channels_first``)."""
     import onnx
+
+    if input_layout not in INPUT_LAYOUTS:
+        raise UnsupportedNetworkError(f"input_layout {input_layout!r}: expected one of {', '.join(INPUT_LAYOUTS)}")
 
     if isinstance(path, onnx.ModelProto):
         model, source, name = path, path.graph.name or "onnx model", path.graph.name or "graph"
@@ -309,26 +321,86 @@ def read_onnx(path, input_shape: Sequence[int] | None = None) -> Graph:
         raise UnsupportedNetworkError(f"{source}: sparse initializers are not supported")
     refuse_quantized(model, source)
     if input_shape is not None:
-        _fix_input_shape(model, source, [int(d) for d in input_shape])
+        _fix_input_shape(model, source, input_shape, input_layout)
     for i in _graph_inputs(model):
         dims = _dims(i.type.tensor_type)
         if not is_static(dims):
             raise UnsupportedNetworkError(_dynamic_message(source, i.name, dims))
     model = standard_form(model, source)
     model, infos, why = _value_shapes(model, source)
-    return _Reader(model, source, name, infos, why).read()
+    graph = _Reader(model, source, name, infos, why).read()
+    return _channels_first(graph, source) if input_layout == "NHWC" else graph
 
 
-def onnxruntime_model(path, input_shape: Sequence[int]):
+def file_input_shape(shape: Sequence[int], input_layout: str) -> list[int]:
+    """``shape`` (N, C, H, W) in the order of the ONNX file's input: N, H, W, C for an "NHWC" file."""
+    shape = [int(d) for d in shape]
+    return [shape[k] for k in _TO_NHWC] if input_layout == "NHWC" and len(shape) == 4 else shape
+
+
+def file_input_batch(x: np.ndarray, input_layout: str) -> np.ndarray:
+    """A batch ``x`` (N, C, H, W: the preprocessed images) as the ONNX file takes it (N, H, W, C for "NHWC")."""
+    return np.ascontiguousarray(x.transpose(_TO_NHWC)) if input_layout == "NHWC" else x
+
+
+def _channels_first(g: Graph, source: str) -> Graph:
+    """``g``, read from a file whose input is channels-last (N, H, W, C), with that input N, C, H, W under the same
+    name, feeding a Transpose to N, H, W, C in front of the nodes that read it; each Transpose straight back to
+    N, C, H, W (tf2onnx writes one before the first convolution) is cancelled with it.
+
+    Why NCHW (docs/onnx-models.md#channels-last-inputs): CANN's ATC reference, ``--input_format``: an ONNX model's
+    input is NCHW (the default), NCDHW or ND, and with ``--insert_op_conf`` (AIPP) only NCHW or NHWC, so NCHW; its
+    AIPP "Configuration File Template", general restriction 8: with AIPP a Caffe or ONNX model's data format can
+    only be NCHW (TensorFlow's NHWC or NCHW), AIPP's output being stored NC1HWC0.  (The NHWC that page and
+    ``--input_format`` force on "the input node connected to AIPP" is the layout of the uint8 frames the .om is fed,
+    not the model's.)  Cancelling the pair computes exactly what the file computes (a Transpose only moves values);
+    atc does the same: CANN's ONNX parser reads Transpose as TransposeD (its 2020 plugin registers
+    ``ai.onnx::11::Transpose`` so), and GE's TransOpSymmetryEliminationPass removes two TransposeD whose perms
+    compose to the identity (graphengine ``ge/graph/passes/transop_symmetry_elimination_pass.cc``,
+    ``JudgeTransposeDBack2Raw``)."""
+    x = g.inputs[0]
+    info = g.tensors[x]
+    if len(info.shape) != 4:
+        raise UnsupportedNetworkError(f"{source}: input {x!r} has shape {list(info.shape)}; input_layout \"NHWC\" "
+                                      f"needs an image input N, H, W, C")
+    taken = g.names()
+    nhwc, step = _free(f"{x}:nhwc", taken), _free(f"{x}:to_nhwc", taken)
+    for node in g.nodes:
+        node.inputs = [nhwc if i == x else i for i in node.inputs]
+    g.outputs = [nhwc if o == x else o for o in g.outputs]
+    g.nodes.insert(0, Node(step, "Transpose", [x], [nhwc], {"perm": list(_TO_NHWC)}))
+    g.tensors[nhwc] = info
+    g.tensors[x] = TensorInfo(tuple(info.shape[k] for k in _TO_NCHW), info.dtype)
+    back = [n for n in g.nodes[1:] if n.op == "Transpose" and n.inputs == [nhwc]
+            and list(n.attrs["perm"]) == _TO_NCHW and n.outputs[0] not in g.outputs]
+    for node in back:
+        for other in g.nodes:
+            other.inputs = [x if i == node.outputs[0] else i for i in other.inputs]
+        g.tensors.pop(node.outputs[0], None)
+    g.nodes = [n for n in g.nodes if not any(n is b for b in back)]
+    if nhwc not in g.outputs and not any(nhwc in n.inputs for n in g.nodes[1:]):
+        del g.nodes[0], g.tensors[nhwc]
+    g.check()
+    return g
+
+
+def _free(name: str, taken: set[str]) -> str:
+    while name in taken:
+        name += "_"
+    return name
+
+
+def onnxruntime_model(path, input_shape: Sequence[int], input_layout: str = "NCHW"):
     """What onnxruntime runs for the ONNX file at ``path`` (as the reference for the reader): the file's path as
     given, or, where it holds ops a converter left behind with a standard meaning (``onnx_custom.standard_form``),
-    their standard form at ``input_shape``, serialized."""
+    their standard form at ``input_shape`` (as configured: N, C, H, W whatever ``input_layout``), serialized.  It
+    takes the file's own input layout (``file_input_batch``)."""
     import onnx
 
     if not any(n.op_type in TRANSPOSE_CONV_BIAS for n in onnx.load(str(path), load_external_data=False).graph.node):
         return str(path)
     model = onnx.load(str(path))
-    _fix_input_shape(model, str(path), [int(d) for d in input_shape])
+    _fix_input_shape(model, str(path), input_shape, input_layout)
     return standard_form(model, str(path)).SerializeToString()
 
 
@@ -430,19 +502,27 @@ def refuse_quantized(model, source: str) -> None:
             f"this one was quantized from")
 
 
-def _fix_input_shape(model, source: str, shape: list[int]) -> None:
+def _fix_input_shape(model, source: str, shape: Sequence[int], input_layout: str = "NCHW") -> None:
+    """The single graph input's dims set to ``shape`` (as configured: N, C, H, W for an image input, in the file's
+    order ``file_input_shape``); a static dim of the file must agree."""
     inits = {t.name for t in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in inits]
     if len(inputs) != 1:
         raise UnsupportedNetworkError(f"{source}: input_shape given for a model with {len(inputs)} inputs")
+    given, shape = list(shape), file_input_shape(shape, input_layout)
     tt = inputs[0].type.tensor_type
     dims = _dims(tt)
     if dims is not None and len(dims) != len(shape):
         raise UnsupportedNetworkError(f"{source}: input {inputs[0].name!r} has rank {len(dims)}, input_shape {shape}")
     for i, d in enumerate(dims or []):
         if isinstance(d, int) and d > 0 and d != shape[i]:
+            said = f"input_shape {given}" + (f" (N, H, W, C in the file: {shape})" if shape != given else "")
+            other = "NCHW" if input_layout == "NHWC" else "NHWC"
+            fits = len(given) == 4 and all(not (isinstance(f, int) and f > 0) or f == o
+                                           for f, o in zip(dims, file_input_shape(given, other)))
+            hint = f"; the file's input is {other}: set model.input_layout = \"{other}\"" if fits else ""
             raise UnsupportedNetworkError(
-                f"{source}: input {inputs[0].name!r} has static shape {dims}, which input_shape {shape} contradicts")
+                f"{source}: input {inputs[0].name!r} has static shape {dims}, which {said} contradicts{hint}")
     del tt.shape.dim[:]
     for d in shape:
         tt.shape.dim.add().dim_value = d

@@ -2,7 +2,8 @@
 IR, and the runtime whose output the IR is checked against.
 
 - ``model.onnx``: the ONNX file as given, read by ``onnx_model.read_onnx`` with its input fixed to
-  ``model.input_shape``; the reference is onnxruntime running that file unchanged.
+  ``model.input_shape`` (N, C, H, W; a channels-last file, ``model.input_layout = "NHWC"``, is read with an
+  N, C, H, W input); the reference is onnxruntime running that file unchanged, fed in its own layout.
 - ``model.mindir``: the MindIR as given; ``model.entry`` + ``model.checkpoint``: the MindIR the graph
   stage exports into its folder.  The reference is MindSpore running the MindIR.
 """
@@ -42,7 +43,7 @@ def read_model(cfg, graph_dir: Path):
     path = model_file(cfg, graph_dir)
     if cfg.model.onnx:
         from .onnx_model import read_onnx
-        return read_onnx(path, input_shape=cfg.model.input_shape)
+        return read_onnx(path, input_shape=cfg.model.input_shape, input_layout=cfg.model.input_layout)
     from .mindir import read_mindir
     return read_mindir(path)
 
@@ -74,21 +75,27 @@ def mindspore_outputs(mindir: Path, x: np.ndarray, batch: int) -> np.ndarray:
     return _batched(run, x, batch)
 
 
-def onnxruntime_outputs(path: Path, x: np.ndarray, batch: int) -> np.ndarray:
+def onnxruntime_outputs(path: Path, x: np.ndarray, batch: int, input_layout: str = "NCHW") -> np.ndarray:
     """onnxruntime's output of the ONNX file as given (its first output; a converter's leftover with a standard
-    meaning in its standard form, ``onnx_model.onnxruntime_model``)."""
+    meaning in its standard form, ``onnx_model.onnxruntime_model``) on ``x`` (N, C, H, W), which a channels-last
+    file (``input_layout`` "NHWC") is fed as N, H, W, C: the comparison is with the file as exported."""
     import onnxruntime as ort
 
-    from .onnx_model import onnxruntime_model
+    from .onnx_model import file_input_batch, onnxruntime_model
 
-    sess = ort.InferenceSession(onnxruntime_model(path, (batch,) + tuple(x.shape[1:])),
+    sess = ort.InferenceSession(onnxruntime_model(path, (batch,) + tuple(x.shape[1:]), input_layout),
                                 providers=["CPUExecutionProvider"])
     feed = sess.get_inputs()[0]
     dtype = np.float16 if feed.type == "tensor(float16)" else np.float32   # a model exported in half precision
-    return _batched(lambda chunk: sess.run(None, {feed.name: chunk.astype(dtype)})[0].astype(np.float32), x, batch)
+
+    def run(chunk):
+        return sess.run(None, {feed.name: file_input_batch(chunk, input_layout).astype(dtype)})[0].astype(np.float32)
+    return _batched(run, x, batch)
 
 
 def reference_outputs(cfg, graph_dir: Path, x: np.ndarray, batch: int) -> np.ndarray:
     """The source runtime's output of the configured network on ``x``."""
     path = model_file(cfg, graph_dir)
-    return onnxruntime_outputs(path, x, batch) if cfg.model.onnx else mindspore_outputs(path, x, batch)
+    if cfg.model.onnx:
+        return onnxruntime_outputs(path, x, batch, cfg.model.input_layout)
+    return mindspore_outputs(path, x, batch)
