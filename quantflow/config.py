@@ -14,6 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import aipp_templates
@@ -38,6 +39,23 @@ def _check_entry(value: str) -> str:
     return value
 
 
+class ExtraInput(_Section):
+    value: Union[float, list] = Field(
+        description="the value every image is fed with on this input (e.g. [1.0, 1.0]), broadcast to its per-image "
+                    "shape")
+
+    @field_validator("value")
+    @classmethod
+    def _numbers(cls, v):
+        try:
+            arr = np.asarray(v, np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"must be a number or a (nested) list of numbers, got {v!r}") from None
+        if arr.dtype == object or not np.all(np.isfinite(arr)):
+            raise ValueError(f"must be finite numbers in a rectangular (nested) list, got {v!r}")
+        return v
+
+
 class ModelSection(_Section):
     entry: Optional[str] = Field(default=None,
                                  description="'package.module:callable' returning the (untrained) mindspore.nn.Cell")
@@ -52,6 +70,9 @@ class ModelSection(_Section):
         default="NCHW", description="layout of model.onnx's input: \"NHWC\" for a channels-last file (tf2onnx's), "
                                     "read with an N, C, H, W input (input_shape stays N, C, H, W)")
     input_name: str = Field(default="x", description="name of the graph input, used for atc --input_shape")
+    inputs: dict[str, ExtraInput] = Field(
+        default_factory=dict, description="model.onnx only: the inputs other than the image, each by its name in "
+                                          "the file, with the value every image is fed with")
     num_classes: Optional[int] = Field(
         default=None, gt=1, description="classes of the classification output (needed by evaluation.metric = "
                                         "\"top1\"); passed to model.entry when it takes num_classes")
@@ -83,6 +104,12 @@ class ModelSection(_Section):
         if self.input_layout != "NCHW" and self.onnx is None:
             raise ValueError(f"model.input_layout = {self.input_layout!r} applies to model.onnx only; {given[0]} is "
                              f"read as MindSpore exports it (N, C, H, W): remove model.input_layout")
+        if self.inputs and self.onnx is None:
+            raise ValueError(f"model.inputs ({', '.join(self.inputs)}) applies to model.onnx only; {given[0]} is read "
+                             f"as a single-input network: remove model.inputs")
+        if self.input_name in self.inputs:
+            raise ValueError(f"model.inputs.{self.input_name}: model.input_name {self.input_name!r} names the image "
+                             f"input, which takes the images, not a value")
         return self
 
     @field_validator("input_shape")
@@ -605,6 +632,12 @@ class QuantflowConfig(_Section):
     def _consistent(self):
         if self.train is not None and self.model.entry is None:
             raise ValueError("[train] needs model.entry (the network to train)")
+        if self.model.inputs and self.build.batch_sizes:
+            raise ValueError(f"build.batch_sizes with model.inputs ({', '.join(self.model.inputs)}): a deploy.onnx "
+                             f"free in the batch is made for a single-input network only; remove build.batch_sizes")
+        if self.model.inputs and self.retrain is not None:
+            raise ValueError(f"[retrain] with model.inputs ({', '.join(self.model.inputs)}): retraining runs "
+                             f"single-input networks only; remove [retrain]")
         c = self.model.input_shape[1]
         n = len(self.normalization.mean)
         if c != n:

@@ -23,6 +23,7 @@ from types import SimpleNamespace
 
 from .config import load_config
 from .errors import ConfigError, DataError
+from .data.extra_inputs import guess
 from .evaluation.parts import parts_toml
 from .frontends.onnx_model import file_input_shape
 
@@ -147,10 +148,23 @@ def _evaluation_lines(head, classifier: bool) -> str:
                                          options=options).rstrip("\n")
 
 
+def _inputs_toml(guesses: dict) -> str:
+    """The [model.inputs] table: each input other than the image with the value init guessed for it (name ->
+    (value, whether the name made it a sure guess)), every line marked EDIT."""
+    lines = ["[model.inputs]   # the inputs other than the image: the value every image is fed with "
+             "(docs/configuration.md); deploy.onnx keeps them as inputs"]
+    for k, (value, sure) in guesses.items():
+        why = "guessed from the name" if sure else "zeros: quantflow cannot tell"
+        key = k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)   # a TOML bare key, else quoted
+        lines.append(f"{key} = {{ value = {value} }}   # EDIT: what your application feeds ({why})")
+    return "\n".join(lines) + "\n"
+
+
 # ----------------------------------------------------------------------------- what the files say
 
-def _declared_input(a) -> tuple[list | None, str | None]:
-    """The model file's input dims (None where dynamic) and name; (None, None) for an --entry network."""
+def _declared_input(a) -> tuple[list | None, str | None, dict]:
+    """The model file's image input dims (None where dynamic) and name, and its other inputs' dims by name (an ONNX
+    file's: the image input is its one 4-D input); (None, None, {}) for an --entry network."""
     if a.onnx is not None:
         import onnx
         if not a.onnx.is_file():
@@ -164,17 +178,21 @@ def _declared_input(a) -> tuple[list | None, str | None]:
         refuse_quantized(model, str(a.onnx))   # an already quantized model: say so now, not at the build
         init = {i.name for i in g.initializer}
         inputs = [i for i in g.input if i.name not in init]
-        if len(inputs) != 1:
-            raise ConfigError(f"--onnx: {a.onnx} has {len(inputs)} inputs; quantflow builds single-input networks")
-        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
-                for d in inputs[0].type.tensor_type.shape.dim]
-        return dims, inputs[0].name
+        dims = {i.name: [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                         for d in i.type.tensor_type.shape.dim] for i in inputs}
+        images = [k for k, d in dims.items() if len(d) == 4] if len(dims) > 1 else list(dims)
+        if len(images) != 1:
+            raise ConfigError(
+                f"--onnx: {a.onnx} has {len(dims)} inputs ({', '.join(dims)}), {len(images)} of them 4-D: quantflow "
+                f"feeds the images to the one 4-D (N, C, H, W) input and a configured value to each other "
+                f"([model.inputs]); it cannot tell which input takes the images")
+        return dims[images[0]], images[0], {k: d for k, d in dims.items() if k != images[0]}
     if a.mindir is not None:
         if not a.mindir.is_file():
             raise ConfigError(f"--mindir: file not found: {a.mindir}")
         g = _mindir_graph(a.mindir)
-        return list(g.tensors[g.inputs[0]].shape), None
-    return None, None
+        return list(g.tensors[g.inputs[0]].shape), None, {}
+    return None, None, {}
 
 
 @functools.lru_cache(maxsize=1)
@@ -294,8 +312,8 @@ def _probe_inputs(a, shape: list[int]) -> tuple[list, int]:
     return [preprocess(b, *norm) for b in batches], n * len(batches)
 
 
-def _run_outputs(a, shape: list[int], classes: int | None,
-                 layout: str = "NCHW") -> tuple[list[list] | None, int, str]:
+def _run_outputs(a, shape: list[int], classes: int | None, layout: str = "NCHW",
+                 extra: dict | None = None) -> tuple[list[list] | None, int, str]:
     """The outputs of the network (one list of arrays per run) on a few calibration images at ``shape``, how many
     images they were, or (None, 0, the reason) when it cannot run here.  An ONNX file onnxruntime cannot run is a
     ConfigError (``_onnxruntime_runs``): the build could not check its reading against it either."""
@@ -304,7 +322,7 @@ def _run_outputs(a, shape: list[int], classes: int | None,
     except Exception as err:  # images that cannot be prepared here: init still writes a config
         return None, 0, _first_line(err)
     if a.onnx is not None:
-        return _onnxruntime_runs(a.onnx, batches, shape, layout), images, ""
+        return _onnxruntime_runs(a.onnx, batches, shape, layout, extra), images, ""
     try:
         import numpy as np
 
@@ -325,24 +343,31 @@ def _first_line(err: Exception) -> str:
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
-def _onnxruntime_runs(path: Path, batches: list, shape: list[int], layout: str = "NCHW") -> list[list]:
+def _onnxruntime_runs(path: Path, batches: list, shape: list[int], layout: str = "NCHW",
+                     extra: dict | None = None) -> list[list]:
     """onnxruntime's outputs of the ONNX file on each batch (N, C, H, W; fed in the file's ``layout``): what the
-    build checks the graph IR against.  A ConfigError where onnxruntime cannot load or run the file, with
-    onnxruntime's error, the nodes outside standard ONNX (domain and op) and the fix."""
+    build checks the graph IR against; ``extra``: the other inputs' values ([model.inputs] as init writes it).  A
+    ConfigError where onnxruntime cannot load or run the file, with onnxruntime's error, the nodes outside
+    standard ONNX (domain and op) and the fix."""
     import numpy as np
     import onnxruntime as ort
 
     from .errors import QuantflowError
     from .frontends.onnx_model import file_input_batch, file_input_shape, onnxruntime_model
     try:
-        model = onnxruntime_model(path, shape, layout)   # a converter's leftover in its standard form
+        extra = extra or {}
+        model = onnxruntime_model(path, shape, layout, extra)   # a converter's leftover in its standard form
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
-        inp = sess.get_inputs()[0]
-        dtype = {"tensor(float16)": np.float16, "tensor(double)": np.float64, "tensor(uint8)": np.uint8}.get(
-            inp.type, np.float32)
-        return [sess.run(None, {inp.name: file_input_batch(x, layout).astype(dtype)}) for x in batches]
+        types = {"tensor(float16)": np.float16, "tensor(double)": np.float64, "tensor(uint8)": np.uint8}
+        inp = next(i for i in sess.get_inputs() if i.name not in extra)
+        dtype = types.get(inp.type, np.float32)
+        others = {i: next(j for j in sess.get_inputs() if j.name == i) for i in extra}
+        return [sess.run(None, {inp.name: file_input_batch(x, layout).astype(dtype),
+                                **{k: np.broadcast_to(np.asarray(v, types.get(others[k].type, np.float32)),
+                                                      (len(x),) + np.shape(v)) for k, v in extra.items()}})
+                for x in batches]
     except QuantflowError as err:
         raise ConfigError(f"--onnx: {err}") from None
     except Exception as err:  # onnxruntime's own errors (an op it lacks, an invalid model, a shape it refuses)
@@ -439,10 +464,11 @@ def write_config(a) -> tuple[Path, list[str]]:
     if a.entry is not None and a.checkpoint is None:
         raise ConfigError("--entry needs --checkpoint (the trained weights)")
     base = out.resolve().parent
-    declared, name = _declared_input(a)
+    declared, name, others = _declared_input(a)
     shape, shape_note, layout = _input_shape(a, declared, _image_shape(a.calib))
+    guesses = {k: guess(k, [shape[0]] + d[1:], (shape[2], shape[3])) for k, d in others.items()}
     folders = _class_count(a.calib)
-    runs, images, why = _run_outputs(a, shape, folders, layout)
+    runs, images, why = _run_outputs(a, shape, folders, layout, {k: v for k, (v, _) in guesses.items()})
     flat = folders is None and a.calib.is_dir()   # images directly in the folder: no labels for a top-1 gate
     head = None
     if runs is not None:
@@ -477,6 +503,8 @@ def write_config(a) -> tuple[Path, list[str]]:
         calib=_rel(a.calib, base), count=count, count_note=count_note,
         template="static_yuv400_u8.cfg" if shape[1] == 1 else "static_rgb888_u8.cfg",
         frame_order="GRAY" if shape[1] == 1 else "BGR")
+    if guesses:   # after the [model] keys: it opens the [model.inputs] table
+        text = text.replace("\n[normalization]\n", f"\n{_inputs_toml(guesses)}\n[normalization]\n", 1)
     parts = parts_toml(head.parts, gate=head.metric == "outputs") if head and head.parts and not classifier else ""
     if parts:   # after the [evaluation] keys: it opens the [evaluation.parts] table
         text = text.replace("# batch_size = 64\n", f"# batch_size = 64\n\n{parts}\n", 1)

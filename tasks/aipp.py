@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from quantflow.backends.aipp import (Geometry, aipp_values, default_format, norm_description, parse, raw_pixels,
-                                      render, verify)
+from quantflow.backends.aipp import (Geometry, aipp_values, check_input_rank, default_format, norm_description, parse,
+                                      raw_pixels, render, verify)
 from quantflow.data.images import preprocess
 from quantflow.engine.aipp import MAX_PADDED_WIDTH_310P, SUPPORTED_FORMATS
 from quantflow.entry import load_entry
@@ -104,6 +104,7 @@ def build_and_verify(cfg, image_paths: list[Path], out_cfg: Path) -> dict:
     write_text(out_cfg, text)
     # errors in a hand-written config name the user's file, not the copy
     params = parse(out_cfg.read_text(), origin if a.config_file is not None else str(out_cfg))
+    check_input_rank(params, origin)
     if a.config_file is None:
         _check_rendered(cfg, params, fmt, g, origin)
     elif a.input_format and params.get("input_format") != a.input_format:

@@ -23,7 +23,7 @@ def atc_model(cfg, export: dict) -> tuple[str, int]:
     """(model file, atc --framework) for build.atc_model: an AIR where one exists, else the ONNX; always the ONNX with
     build.batch_sizes (only it is free in the batch; atc takes no batch profiles for an AIR: CANN 8.0 ATC,
     --dynamic_batch_size)."""
-    onnx_only = bool(cfg.build.batch_sizes)
+    onnx_only = bool(cfg.build.batch_sizes) or bool(cfg.model.inputs)   # ONNX: the other inputs keep their names
     if cfg.build.atc_model == "fp32":
         return (export["air"], 1) if export.get("air") and not onnx_only else (export["fp32_onnx"], 5)
     return (export["deploy_air"], 1) if export.get("deploy_air") and not onnx_only else (export["deploy_onnx"], 5)
@@ -40,6 +40,19 @@ def conversions(cfg) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
     if cfg.build.atc_model == "fp32":
         return [("model", shape, sizes)]
     return [(f"model_b{n}", (n,) + shape[1:], ()) for n in sizes]
+
+
+def other_inputs(model: Path, framework: int) -> dict[str, list[int]]:
+    """The inputs of the ONNX ``model`` atc converts other than the image (its first input: the graph IR's
+    order, ``Graph.fixed_inputs``), name -> static shape; none for an AIR."""
+    import onnx
+
+    if framework != 5:
+        return {}
+    graph = onnx.load(str(model), load_external_data=False).graph
+    inits = {t.name for t in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in inits]
+    return {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in inputs[1:]}
 
 
 def main_om(cfg, oms: dict) -> str | None:
@@ -74,7 +87,8 @@ def atc_stage(cfg, kdir: Path, export_dir: Path, aipp_dir: Path) -> dict:
             for name, shape, profiles in conversions(cfg):
                 cmd = atc_command(atc, export_dir / model, framework, scratch / name, cfg.build.soc_version,
                                   Path(aipp_dir) / AIPP_CFG, cfg.build.precision_mode, cfg.model.input_name,
-                                  shape, cfg.build.atc_args, profiles)
+                                  shape, cfg.build.atc_args, profiles,
+                                  other_inputs(export_dir / model, framework) if cfg.model.inputs else {})
                 status["command"] = cmd
                 print("running: " + " ".join(cmd))
                 result = run_atc(cmd, scratch / name, cfg.build.atc_timeout_s)

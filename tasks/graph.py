@@ -62,14 +62,16 @@ def graph_stage(cfg, kdir: Path, calibration_paths: list[Path]) -> dict:
                                       f"{list(cfg.model.input_shape)}")
     n = cfg.model.verify_images
     x = next(iter(image_batches(cfg, calibration_paths[:n], n)))
-    reference = reference_outputs(cfg, kdir, x, shape[0])
+    reference = reference_outputs(cfg, kdir, x, shape[0], graph.fixed_inputs)
     check = verify_graph(graph, x, reference, path, cfg.model.verify_tolerance,
                          "onnxruntime (the ONNX file as given)" if cfg.model.onnx else "MindSpore")
-    save_onnx(lower(graph, "float32", input_name=cfg.model.input_name), kdir / GRAPH_ONNX)
+    save_onnx(lower(graph, "float32", input_name=cfg.model.input_name, constant_outputs=True), kdir / GRAPH_ONNX)
     approximate = sorted(op for op in fold_for_quantization(graph).op_counts() if not get_op(op).exact_in_fp16)
     info = {"source": source, "model_file": str(path), "nodes": len(graph.nodes), "ops": graph.op_counts(),
             "parameters": int(sum(v.size for v in graph.initializers.values())), "verify": check,
-            "float16_assumed_ops": approximate}
+            "float16_assumed_ops": approximate,
+            "constant_outputs": {k: list(v.shape) for k, v in graph.constant_outputs.items()},
+            "fixed_inputs": {k: v.tolist() for k, v in graph.fixed_inputs.items()}}
     write_json(kdir / GRAPH_JSON, info)
     return info
 
@@ -81,6 +83,11 @@ def _run(b) -> None:
     print(f"graph IR of {info['model_file']} ({info['source']}): {info['nodes']} nodes ({ops})")
     print(f"IR float output matches {v['reference']} on {v['images']} calibration images: largest |diff| "
           f"{v['max_abs_diff']:.2e} (relative {v['relative_diff']:.2e}, tolerance {v['tolerance']:g})")
+    for name, shape in info.get("constant_outputs", {}).items():
+        print(f"note: output {name} (shape {shape}) is a constant: it depends on no input, so it is not run, calibrated "
+              f"or gated; graph.onnx and deploy.onnx keep it, after the computed outputs")
+    for name, value in info.get("fixed_inputs", {}).items():
+        print(f"input {name} fed {value} with every image (model.inputs); deploy.onnx keeps it as an input")
     if info["float16_assumed_ops"]:
         print(f"note: the INT8 emulation models {', '.join(info['float16_assumed_ops'])} as float32 math rounded to "
               f"float16; the device's own float16 kernels may differ in the last bit")

@@ -159,6 +159,21 @@ def parse(text: str, source: str = "<aipp config>") -> dict:
     return blocks[0]
 
 
+# the rank of the image input in every graph quantflow writes (the graph IR's first input; its other inputs,
+# ``model.inputs``, after it): AIPP applies to it alone.  CANN ATC, "Static AIPP": related_input_rank names the model
+# input (0 the first) an aipp_op block applies to
+IMAGE_INPUT_RANK = 0
+
+
+def check_input_rank(params: dict, source: str) -> None:
+    """The aipp_op block applies to the image input (``IMAGE_INPUT_RANK``)."""
+    rank = params.get("related_input_rank", str(IMAGE_INPUT_RANK))
+    if rank != str(IMAGE_INPUT_RANK):
+        raise AippMismatchError(f"{source}: related_input_rank is {rank}; AIPP feeds the image input, the first input "
+                                f"({IMAGE_INPUT_RANK}) of the graphs quantflow writes: set related_input_rank : "
+                                f"{IMAGE_INPUT_RANK}")
+
+
 def describe(params: dict, channels: int) -> str:
     parts = [f"input_format={params.get('input_format')}"]
     if params.get("input_format") in ("RGB888_U8", "XRGB8888_U8"):

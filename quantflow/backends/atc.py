@@ -144,16 +144,22 @@ def check_batch_sizes(sizes, atc_args=()) -> None:
 
 def atc_command(atc: Path, model: Path, framework: int, output_prefix: Path, soc_version: str,
                 insert_op_conf: Path | None, precision_mode: str, input_name: str, input_shape,
-                extra_args=(), batch_sizes=()) -> list[str]:
+                extra_args=(), batch_sizes=(), other_inputs: dict | None = None) -> list[str]:
     """``framework``: 1 for an AIR (MindSpore), 5 for ONNX; ``extra_args``: build.atc_args, checked;
     ``batch_sizes``: atc's batch-size profiles (``check_batch_sizes``): the input's batch becomes -1 and the
-    profiles go to --dynamic_batch_size (no shell between: the list is one argument, unquoted)."""
+    profiles go to --dynamic_batch_size (no shell between: the list is one argument, unquoted).
+    ``other_inputs``: the model's inputs other than the image (``model.inputs``), name -> shape, each named in
+    --input_shape after the image ("image:1,3,224,224;scale_factor:1,2", CANN ATC's --input_shape: one
+    "name:dims" per input, separated by ";"); the AIPP config applies to the image input alone, the model's
+    first (``related_input_rank : 0``)."""
     cmd = [str(atc), f"--model={model}", f"--framework={framework}", f"--output={output_prefix}",
            f"--soc_version={soc_version}"]
     if insert_op_conf is not None:
         cmd.append(f"--insert_op_conf={insert_op_conf}")
     dims = [-1 if batch_sizes else int(input_shape[0])] + [int(d) for d in input_shape[1:]]
-    cmd += [f"--precision_mode={precision_mode}", f"--input_shape={input_name}:{','.join(map(str, dims))}"]
+    shapes = [(input_name, dims)] + [(k, [int(d) for d in v]) for k, v in (other_inputs or {}).items()]
+    cmd += [f"--precision_mode={precision_mode}",
+            "--input_shape=" + ";".join(f"{k}:{','.join(map(str, d))}" for k, d in shapes)]
     if batch_sizes:
         cmd.append(f"--dynamic_batch_size={','.join(str(int(b)) for b in batch_sizes)}")
     return cmd + list(extra_args)

@@ -42,8 +42,8 @@ class DeployNet(nn.Cell):
 def write_deploy_net(graph: Graph, out_dir: Path) -> tuple[Path, Path]:
     """Write ``deploy_net.py`` and ``deploy_net.npz`` for the deploy IR ``graph``."""
     w = MindSporeWriter(graph)
-    inp = graph.inputs[0]
-    w.values[inp] = "x"
+    args = ["x"] + [f"x{k}" for k in range(1, len(graph.inputs))]   # the image, then the other inputs in order
+    w.values.update(zip(graph.inputs, args))
     body = []
     for i, node in enumerate(graph.nodes):
         op = get_op(node.op, node.name)
@@ -58,7 +58,7 @@ def write_deploy_net(graph: Graph, out_dir: Path) -> tuple[Path, Path]:
         w.values.update(zip(node.outputs, names))
     outs = ", ".join(w.values[o] for o in graph.outputs)
     init = "".join(f"        {line}\n" for line in w.init_lines)
-    source = HEADER.format(name=graph.name) + init + "\n    def construct(self, x):\n" + "\n".join(body) + \
+    source = HEADER.format(name=graph.name) + init + f"\n    def construct(self, {', '.join(args)}):\n" + "\n".join(body) + \
         f"\n        return {outs}\n"
     out_dir = Path(out_dir)
     py, npz = out_dir / DEPLOY_NET_PY, out_dir / DEPLOY_NET_NPZ
@@ -87,17 +87,16 @@ def export_deploy_mindir(graph: Graph, out_dir: Path) -> dict:
 
     py, npz = write_deploy_net(graph, out_dir)
     net = load_deploy_net(py, npz)
-    shape = graph.tensors[graph.inputs[0]].shape
     ms.set_context(mode=ms.GRAPH_MODE)
-    dummy = ms.Tensor(np.zeros(shape, np.float16))
+    dummy = [ms.Tensor(np.zeros(graph.tensors[i].shape, np.float16)) for i in graph.inputs]
     with atomic_path(Path(out_dir) / DEPLOY_MINDIR, in_folder=True) as tmp:
-        ms.export(net, dummy, file_name=str(tmp.with_suffix("")), file_format="MINDIR")
+        ms.export(net, *dummy, file_name=str(tmp.with_suffix("")), file_format="MINDIR")
     status = {"deploy_mindir": DEPLOY_MINDIR, "deploy_air": None, "deploy_net": py.name}
     ok, reason = ascend_available()
     if ok:
         ms.set_context(device_target="Ascend")
         with atomic_path(Path(out_dir) / DEPLOY_AIR, in_folder=True) as tmp:
-            ms.export(net, dummy, file_name=str(tmp.with_suffix("")), file_format="AIR")
+            ms.export(net, *dummy, file_name=str(tmp.with_suffix("")), file_format="AIR")
         status["deploy_air"] = DEPLOY_AIR
     else:
         status["deploy_air_skipped"] = reason

@@ -10,8 +10,9 @@ The form AMCT's and msmodelslim's ONNX deploy models take: every INT8 Conv2D / M
 adjacent, as CANN's quant passes need them (quantflow.ops.quant / ops.nn say which source asks for what); the
 deq_scale's low 32 bits are the float32 bits of scale_d * scale_w[c], the high 32 bits 0; the rest of the graph
 is ordinary float ONNX (opset 13, default domain for every op, as atc reads it).  Nodes are named by their IR
-layer (its MindSpore scope, or the ONNX source's node name).  The graph input is named ``model.input_name`` so
-that ``atc --input_shape`` can name it.
+layer (its MindSpore scope, or the ONNX source's node name).  The image input is named ``model.input_name`` so
+that ``atc --input_shape`` can name it; the other inputs (``model.inputs``) follow it under their own names, and
+the source model's constant outputs follow the others (``Graph.constant_outputs``).
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def register_ascend_schemas() -> None:
 def deploy_model(deploy: Graph, input_name: str) -> onnx.ModelProto:
     """deploy.onnx for the deploy IR ``deploy`` (``quantization.deploy.quantized_graph``)."""
     register_ascend_schemas()
-    return lower(deploy, "device", input_name=input_name)
+    return lower(deploy, "device", input_name=input_name, constant_outputs=True)
 
 
 def check_deploy(model: onnx.ModelProto) -> onnx.ModelProto:

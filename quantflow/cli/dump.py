@@ -67,8 +67,10 @@ def emulated_tensors(graph, names: list[str], x16: np.ndarray) -> dict[str, np.n
             out.type.tensor_type.elem_type = types[out.name]
     # run as the gate's emulation runs (onnxruntime's optimizations, vetted): the same float kernels, so that a
     # float16 convolution's float32 sums come out as there
-    runner = Runner(model, model.graph.input[0].name, graph.tensors[graph.inputs[0]].shape[0],
-                    keeps=keeps_every_step(model), input_dtype=np.float16)
+    feeds = dict(zip(graph.inputs, (i.name for i in model.graph.input)))
+    runner = Runner(model, feeds[graph.inputs[0]], graph.tensors[graph.inputs[0]].shape[0],
+                    keeps=keeps_every_step(model), input_dtype=np.float16,
+                    fixed={feeds[k]: v for k, v in graph.fixed_inputs.items() if k in feeds})
     values = runner.run(x16, names)
     out = {}
     for name, v in values.items():

@@ -35,14 +35,16 @@ def keeps_every_step(model: onnx.ModelProto):
 
 class Emulator(Runner):
     """Runs the emulation of the deploy IR ``graph`` on float16-valued inputs (the AIPP output).  A graph with
-    several inputs (e.g. ``Graph.suffix``) takes a dict input name -> float16-valued array.  ``extra_outputs``:
+    several inputs (e.g. ``Graph.suffix``) takes a dict input name -> float16-valued array; the inputs in
+    ``Graph.fixed_inputs`` (a detector's scale_factor) are fed their values, as float16 the device computes them in.  ``extra_outputs``:
     inner float tensors to expose as well (e.g. a quantized op's output)."""
 
     def __init__(self, graph: Graph, extra_outputs=()):
         model = lower(graph, "float16", extra_outputs=extra_outputs)
         self.feeds = dict(zip(graph.inputs, (i.name for i in model.graph.input)))
         super().__init__(model, self.feeds[graph.inputs[0]], graph.tensors[graph.inputs[0]].shape[0],
-                         keeps=keeps_every_step(model), input_dtype=np.float16)
+                         keeps=keeps_every_step(model), input_dtype=np.float16,
+                         fixed={self.feeds[k]: v for k, v in graph.fixed_inputs.items() if k in self.feeds})
         self.graph = graph
 
     def logits(self, x16) -> np.ndarray:

@@ -29,10 +29,11 @@ VALUE_PRESERVING = {"Relu", "MaxPool", "Max", "Min", "Clip", "Reshape", "Transpo
 
 
 def lower(graph: Graph, target: str = "float32", input_name: str | None = None,
-          extra_outputs=()) -> onnx.ModelProto:
-    """``graph`` as an ONNX model for ``target`` (module doc).  ``input_name`` renames the (single) graph input
-    (MindIR input names are not valid atc --input_shape names); ``extra_outputs``: inner tensors to expose as
-    well (observers, a quantized op's output)."""
+          extra_outputs=(), constant_outputs: bool = False) -> onnx.ModelProto:
+    """``graph`` as an ONNX model for ``target`` (module doc).  ``input_name`` renames the (first: the image) graph
+    input (MindIR input names are not valid atc --input_shape names); the others keep their names; ``extra_outputs``: inner tensors to expose as
+    well (observers, a quantized op's output); ``constant_outputs``: the source model's constant outputs
+    (``Graph.constant_outputs``) after the others, as the graphs written for deployment keep them."""
     if target not in TARGETS:
         raise ValueError(f"unknown lowering target {target!r} (one of {', '.join(TARGETS)})")
     float16 = target == "float16"
@@ -49,8 +50,8 @@ def lower(graph: Graph, target: str = "float32", input_name: str | None = None,
         inp = graph.inputs[0]
         if input_name and input_name != inp:
             b.add("Identity", [input_name], inp)
-        inputs = [(input_name or inp, graph.tensors[inp].shape, graph.tensors[inp].dtype if target == "float32"
-                   else "float32")]
+        inputs = [(input_name or inp if i == inp else i, graph.tensors[i].shape,
+                   graph.tensors[i].dtype if target == "float32" else "float32") for i in graph.inputs]
     named: set[str] = set()
     for node in graph.nodes:
         floating = all(graph.tensors[o].dtype in ("float32", "float16") for o in node.outputs)
@@ -61,8 +62,11 @@ def lower(graph: Graph, target: str = "float32", input_name: str | None = None,
         get_op(node.op, node.name).to_onnx(node, b)
         _name_after(node, b.nodes[first:], named)
     outs = list(graph.outputs) + [t for t in extra_outputs if t not in graph.outputs]
-    return b.model(inputs, [(o, graph.shape(o), "float32" if target != "float32" else _dtype(graph, o))
-                            for o in outs])
+    described = [(o, graph.shape(o), "float32" if target != "float32" else _dtype(graph, o)) for o in outs]
+    for name, value in (graph.constant_outputs.items() if constant_outputs else ()):
+        b.add("Identity", [b.initializer(b.fresh(f"{name}_value"), value)], name)
+        described.append((name, value.shape, value.dtype.name))
+    return b.model(inputs, described)
 
 
 _SUFFIX = {"float32": "", "float16": "_int8_emulation", "device": "_ascend_int8"}

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import onnx
 
+from ..data.extra_inputs import batch_of
 from ..errors import UnsupportedNetworkError
 from ..ir import Graph, Node
 from ..ops import get as get_op
@@ -71,8 +72,10 @@ class Runner:
     """Runs an ONNX model of an IR graph over any number of samples, in chunks of the graph's batch size."""
 
     def __init__(self, model: onnx.ModelProto, input_name: str | list[str], batch: int, optimize: bool = True,
-                 keeps=None, input_dtype=np.float32):
-        """``input_name``: the model's input, or its inputs (then ``run`` takes a dict of arrays)."""
+                 keeps=None, input_dtype=np.float32, fixed: dict[str, np.ndarray] | None = None):
+        """``input_name``: the model's input, or its inputs (then ``run`` takes a dict of arrays).  ``fixed``: the
+        model's other inputs, each with the value every sample is fed with (``Graph.fixed_inputs``), fed by
+        ``run`` where not given."""
         import onnxruntime as ort
 
         # chunks run at once, one per core, each on one onnxruntime thread (module doc); else one at a time
@@ -81,6 +84,7 @@ class Runner:
         self.optimized = (self.sess.get_session_options().graph_optimization_level
                           != ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
         self.input_name, self.batch, self.input_dtype = input_name, batch, input_dtype
+        self.fixed = dict(fixed or {})
         self.output_names = [o.name for o in self.sess.get_outputs()]
 
     def run(self, x, outputs: list[str] | None = None) -> dict[str, np.ndarray]:
@@ -90,6 +94,8 @@ class Runner:
         feeds = x if isinstance(x, dict) else {self.input_name: x}
         feeds = {k: np.ascontiguousarray(v, self.input_dtype) for k, v in feeds.items()}
         n = len(next(iter(feeds.values())))
+        feeds.update({k: np.ascontiguousarray(batch_of(v, n), self.input_dtype)
+                      for k, v in self.fixed.items() if k not in feeds})
         parts: dict[str, list[np.ndarray]] = {k: [] for k in names}
         chunks, reals = [], []
         for s in range(0, n, self.batch):
@@ -112,11 +118,16 @@ class Runner:
 
 
 def float_runner(graph: Graph, extra_outputs: list[str] = ()) -> Runner:
-    if len(graph.inputs) != 1:
-        raise UnsupportedNetworkError(f"network {graph.name} has {len(graph.inputs)} inputs "
-                                      f"({', '.join(graph.inputs)}); quantflow runs single-input networks")
-    inp = graph.inputs[0]
-    return Runner(lower(graph, "float32", extra_outputs=extra_outputs), inp, graph.tensors[inp].shape[0])
+    """The IR's float32 lowering, run on the images (its image input) with its other inputs' values fed
+    (``Graph.fixed_inputs``)."""
+    images = [i for i in graph.inputs if i not in graph.fixed_inputs]
+    if len(images) != 1:
+        raise UnsupportedNetworkError(
+            f"network {graph.name} has {len(images)} inputs ({', '.join(images)}) with no value configured; quantflow "
+            f"feeds the images to one and takes every other input's value from [model.inputs] (ONNX models)")
+    inp = images[0]
+    return Runner(lower(graph, "float32", extra_outputs=extra_outputs), inp, graph.tensors[inp].shape[0],
+                  fixed=graph.fixed_inputs)
 
 
 def constant_outputs(node: Node, values: dict[str, np.ndarray], infos: dict) -> list[np.ndarray]:

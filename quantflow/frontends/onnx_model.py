@@ -80,8 +80,10 @@ def _dims(tensor_type) -> list | None:
 # ----------------------------------------------------------------------------- the reader
 
 class _Reader:
-    def __init__(self, model, source: str, name: str, infos: dict[str, list], unknown_why: str = ""):
+    def __init__(self, model, source: str, name: str, infos: dict[str, list], unknown_why: str = "",
+                 fixed: dict[str, np.ndarray] | None = None):
         self.model, self.source, self.name = model, source, name
+        self.fixed = fixed or {}                      # ONNX input -> the value each image is fed with
         self.g = model.graph
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
         self.values: dict[str, str | Const] = {}     # ONNX value -> IR tensor name or constant
@@ -152,20 +154,23 @@ class _Reader:
             self.tensors[name] = TensorInfo(tuple(_dims(tt)), _dtype_name(tt.elem_type))
             self.values[i.name] = name
             inputs.append(name)
+        renamed = dict(zip((i.name for i in _graph_inputs(self.model)), inputs))
+        fixed = {renamed[k]: v for k, v in self.fixed.items()}
+        inputs.sort(key=lambda i: i in fixed)   # the image input first
         needed = self._needed()
         self.read_values = {i for k in needed for i in self.g.node[k].input if i} | {o.name for o in self.g.output}
         self._find_silu(needed)
         for k, n in enumerate(self.g.node):
             if k in needed and k not in self.skip:
                 self._node(k, n)
-        outputs = []
+        outputs, constants = [], {}
         for o in self.g.output:
             v = self.values.get(o.name)
             if v is None:
                 raise UnsupportedNetworkError(f"{self.source}: graph output {o.name!r} is not produced by any node")
-            if isinstance(v, Const):
-                raise UnsupportedNetworkError(f"{self.source}: graph output {o.name!r} is a constant; quantflow "
-                                              f"needs outputs computed from the input")
+            if isinstance(v, Const):   # reported by the graph stage, kept in the written graphs
+                constants[o.name] = np.asarray(v.array)
+                continue
             batch = self.tensors[inputs[0]].shape[0] if inputs and self.tensors[inputs[0]].shape else 1
             if batch > 1 and self.tensors[v].shape[:1] != (batch,):
                 raise UnsupportedNetworkError(
@@ -173,7 +178,11 @@ class _Reader:
                     f"{batch}, without the batch as its first axis (a sequence model's (T, batch, classes)); quantflow "
                     f"runs such a network image by image: set the batch (model.input_shape[0]) to 1")
             outputs.append(v)
-        g = Graph(self.nodes, inputs, outputs, self.initializers, self.tensors, name=self.name)
+        if not outputs:
+            raise UnsupportedNetworkError(f"{self.source}: every graph output ({', '.join(constants)}) is a constant: "
+                                          f"nothing is computed from the inputs to quantize")
+        g = Graph(self.nodes, inputs, outputs, self.initializers, self.tensors, name=self.name, fixed_inputs=fixed,
+                  constant_outputs=constants)
         g.prune()
         g.check()
         return g
@@ -291,13 +300,16 @@ def _dynamic_message(source: str, name: str, dims) -> str:
             f"in.onnx out.onnx`, or pass read_onnx(..., input_shape=(N, C, H, W))")
 
 
-def read_onnx(path, input_shape: Sequence[int] | None = None, input_layout: str = "NCHW") -> Graph:
+def read_onnx(path, input_shape: Sequence[int] | None = None, input_layout: str = "NCHW",
+              extra_inputs: dict | None = None) -> Graph:
     """Read an ONNX model (a file, or an ``onnx.ModelProto``) into the graph IR.
 
-    ``input_shape``: the shape of the (single) graph input, fixing its dynamic dimensions (a static
+    ``input_shape``: the shape of the image input, fixing its dynamic dimensions (a static
     dimension must agree); without it every input dimension must be static in the model.  ``input_layout``: the
     layout of the file's input; with "NHWC" ``input_shape`` is still N, C, H, W, and the IR's input is N, C, H, W
-    (``_channels_first``)."""
+    (``_channels_first``).  ``extra_inputs``: input name -> the value each image is fed with, for every input
+    other than the image (``model.inputs``; ``quantflow.data.extra_inputs``): those inputs stay inputs (the
+    image input first), their values in ``Graph.fixed_inputs``, their batch axis fixed at the image's."""
     import onnx
 
     if input_layout not in INPUT_LAYOUTS:
@@ -320,15 +332,16 @@ def read_onnx(path, input_shape: Sequence[int] | None = None, input_layout: str 
     if model.graph.sparse_initializer:
         raise UnsupportedNetworkError(f"{source}: sparse initializers are not supported")
     refuse_quantized(model, source)
+    fixed = _fix_extra_inputs(model, source, extra_inputs or {}, input_shape)
     if input_shape is not None:
-        _fix_input_shape(model, source, input_shape, input_layout)
+        _fix_input_shape(model, source, input_shape, input_layout, fixed)
     for i in _graph_inputs(model):
         dims = _dims(i.type.tensor_type)
         if not is_static(dims):
             raise UnsupportedNetworkError(_dynamic_message(source, i.name, dims))
     model = standard_form(model, source)
     model, infos, why = _value_shapes(model, source)
-    graph = _Reader(model, source, name, infos, why).read()
+    graph = _Reader(model, source, name, infos, why, fixed).read()
     return _channels_first(graph, source) if input_layout == "NHWC" else graph
 
 
@@ -390,7 +403,7 @@ def _free(name: str, taken: set[str]) -> str:
     return name
 
 
-def onnxruntime_model(path, input_shape: Sequence[int], input_layout: str = "NCHW"):
+def onnxruntime_model(path, input_shape: Sequence[int], input_layout: str = "NCHW", extra_inputs: dict | None = None):
     """What onnxruntime runs for the ONNX file at ``path`` (as the reference for the reader): the file's path as
     given, or, where it holds ops a converter left behind with a standard meaning (``onnx_custom.standard_form``),
     their standard form at ``input_shape`` (as configured: N, C, H, W whatever ``input_layout``), serialized.  It
@@ -400,8 +413,54 @@ def onnxruntime_model(path, input_shape: Sequence[int], input_layout: str = "NCH
     if not any(n.op_type in TRANSPOSE_CONV_BIAS for n in onnx.load(str(path), load_external_data=False).graph.node):
         return str(path)
     model = onnx.load(str(path))
-    _fix_input_shape(model, str(path), input_shape, input_layout)
+    fixed = _fix_extra_inputs(model, str(path), extra_inputs or {}, input_shape)
+    _fix_input_shape(model, str(path), input_shape, input_layout, fixed)
     return standard_form(model, str(path)).SerializeToString()
+
+
+def several_inputs_message(source: str, names: list[str]) -> str:
+    """Why a model with ``names`` as the inputs left for the image cannot be read, and the fix."""
+    if not names:
+        return f"{source}: model.inputs gives a value for every input; one of them must be the image input"
+    shown = ", ".join(repr(n) for n in names)
+    return (f"{source} has {len(names)} inputs ({shown}) left for the images; quantflow feeds the images to one and "
+            f"takes every other input's value from the configuration: add them to [model.inputs], e.g. "
+            f"{names[-1]} = {{ value = [1.0, 1.0] }} (the value each image is fed with)")
+
+
+def _fix_extra_inputs(model, source: str, extra: dict, input_shape: Sequence[int] | None) -> dict[str, np.ndarray]:
+    """The inputs ``extra`` names (other than the image) given static dims (the image batch, then the shape of
+    one image's value, ``extra_inputs.sample_value``) in ``model``; returns input name -> one image's value."""
+    from ..data.extra_inputs import FIELD, sample_value
+
+    if not extra:
+        return {}
+    by_name = {i.name: i for i in _graph_inputs(model)}
+    unknown = [k for k in extra if k not in by_name]
+    if unknown:
+        raise UnsupportedNetworkError(
+            f"{source}: {FIELD}.{unknown[0]} names no input of the model (its inputs: "
+            f"{', '.join(repr(k) for k in by_name)})")
+    image = [k for k in by_name if k not in extra]
+    if len(image) != 1:
+        raise UnsupportedNetworkError(several_inputs_message(source, image))
+    batch = int(input_shape[0]) if input_shape is not None else (_dims(by_name[image[0]].type.tensor_type) or [0])[0]
+    if not (isinstance(batch, int) and batch > 0):
+        raise UnsupportedNetworkError(f"{source}: the image input {image[0]!r} has a dynamic batch: give input_shape")
+    values = {}
+    for name, value in extra.items():
+        tt = by_name[name].type.tensor_type
+        dims = _dims(tt)
+        v = sample_value(name, value, dims, _dtype_name(tt.elem_type), source)
+        if isinstance(dims[0], int) and dims[0] > 0 and dims[0] != batch:
+            raise UnsupportedNetworkError(
+                f"{source}: input {name!r} ({FIELD}.{name}) is declared {dims}: its first axis must be the images' "
+                f"batch, {batch} (model.input_shape[0])")
+        del tt.shape.dim[:]
+        for d in (batch,) + v.shape:
+            tt.shape.dim.add().dim_value = int(d)
+        values[name] = v
+    return values
 
 
 def _graph_inputs(model) -> list:
@@ -502,13 +561,12 @@ def refuse_quantized(model, source: str) -> None:
             f"this one was quantized from")
 
 
-def _fix_input_shape(model, source: str, shape: Sequence[int], input_layout: str = "NCHW") -> None:
-    """The single graph input's dims set to ``shape`` (as configured: N, C, H, W for an image input, in the file's
-    order ``file_input_shape``); a static dim of the file must agree."""
-    inits = {t.name for t in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in inits]
+def _fix_input_shape(model, source: str, shape: Sequence[int], input_layout: str = "NCHW", extra=()) -> None:
+    """The image input's dims (the one graph input not in ``extra``) set to ``shape`` (as configured: N, C, H, W
+    for an image input, in the file's order ``file_input_shape``); a static dim of the file must agree."""
+    inputs = [i for i in _graph_inputs(model) if i.name not in extra]
     if len(inputs) != 1:
-        raise UnsupportedNetworkError(f"{source}: input_shape given for a model with {len(inputs)} inputs")
+        raise UnsupportedNetworkError(several_inputs_message(source, [i.name for i in inputs]))
     given, shape = list(shape), file_input_shape(shape, input_layout)
     tt = inputs[0].type.tensor_type
     dims = _dims(tt)

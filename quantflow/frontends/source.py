@@ -43,9 +43,15 @@ def read_model(cfg, graph_dir: Path):
     path = model_file(cfg, graph_dir)
     if cfg.model.onnx:
         from .onnx_model import read_onnx
-        return read_onnx(path, input_shape=cfg.model.input_shape, input_layout=cfg.model.input_layout)
+        return read_onnx(path, input_shape=cfg.model.input_shape, input_layout=cfg.model.input_layout,
+                         extra_inputs=extra_input_values(cfg))
     from .mindir import read_mindir
     return read_mindir(path)
+
+
+def extra_input_values(cfg) -> dict:
+    """``model.inputs`` as input name -> the configured value (``quantflow.data.extra_inputs``)."""
+    return {k: v.value for k, v in cfg.model.inputs.items()}
 
 
 def _batched(run, x: np.ndarray, batch: int) -> np.ndarray:
@@ -75,27 +81,38 @@ def mindspore_outputs(mindir: Path, x: np.ndarray, batch: int) -> np.ndarray:
     return _batched(run, x, batch)
 
 
-def onnxruntime_outputs(path: Path, x: np.ndarray, batch: int, input_layout: str = "NCHW") -> np.ndarray:
+_FLOATS = {"tensor(float16)": np.float16, "tensor(double)": np.float64}   # onnxruntime's input types
+
+
+def onnxruntime_outputs(path: Path, x: np.ndarray, batch: int, input_layout: str = "NCHW",
+                        fixed_inputs: dict | None = None) -> np.ndarray:
     """onnxruntime's output of the ONNX file as given (its first output; a converter's leftover with a standard
     meaning in its standard form, ``onnx_model.onnxruntime_model``) on ``x`` (N, C, H, W), which a channels-last
-    file (``input_layout`` "NHWC") is fed as N, H, W, C: the comparison is with the file as exported."""
+    file (``input_layout`` "NHWC") is fed as N, H, W, C: the comparison is with the file as exported.
+    ``fixed_inputs``: the other inputs' values per image (``Graph.fixed_inputs``), fed beside every image."""
     import onnxruntime as ort
 
+    from ..data.extra_inputs import batch_of
     from .onnx_model import file_input_batch, onnxruntime_model
 
-    sess = ort.InferenceSession(onnxruntime_model(path, (batch,) + tuple(x.shape[1:]), input_layout),
+    fixed = fixed_inputs or {}
+    sess = ort.InferenceSession(onnxruntime_model(path, (batch,) + tuple(x.shape[1:]), input_layout, fixed),
                                 providers=["CPUExecutionProvider"])
-    feed = sess.get_inputs()[0]
-    dtype = np.float16 if feed.type == "tensor(float16)" else np.float32   # a model exported in half precision
+    feed = next(i for i in sess.get_inputs() if i.name not in fixed)
+    dtype = _FLOATS.get(feed.type, np.float32)   # a model exported in half precision
+    others = {i.name: batch_of(fixed[i.name], batch).astype(_FLOATS.get(i.type, np.float32))
+              for i in sess.get_inputs() if i.name in fixed}
 
     def run(chunk):
-        return sess.run(None, {feed.name: file_input_batch(chunk, input_layout).astype(dtype)})[0].astype(np.float32)
+        feeds = {feed.name: file_input_batch(chunk, input_layout).astype(dtype), **others}
+        return sess.run(None, feeds)[0].astype(np.float32)
     return _batched(run, x, batch)
 
 
-def reference_outputs(cfg, graph_dir: Path, x: np.ndarray, batch: int) -> np.ndarray:
-    """The source runtime's output of the configured network on ``x``."""
+def reference_outputs(cfg, graph_dir: Path, x: np.ndarray, batch: int, fixed_inputs: dict | None = None) -> np.ndarray:
+    """The source runtime's output of the configured network on ``x`` (``fixed_inputs``: the other inputs' values
+    per image, ``Graph.fixed_inputs``)."""
     path = model_file(cfg, graph_dir)
     if cfg.model.onnx:
-        return onnxruntime_outputs(path, x, batch, cfg.model.input_layout)
+        return onnxruntime_outputs(path, x, batch, cfg.model.input_layout, fixed_inputs)
     return mindspore_outputs(path, x, batch)

@@ -42,6 +42,19 @@ class Graph:
     initializers: dict[str, np.ndarray]
     tensors: dict[str, TensorInfo]       # shape and dtype of every graph input and node output
     name: str = "graph"
+    # inputs other than the image, with the value each image is fed with (its shape without the batch axis):
+    # kept as inputs (the deploy graph's too), fed by every run (engine.runner.Runner), e.g. a detector's
+    # scale_factor (quantflow.data.extra_inputs)
+    fixed_inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    # outputs of the source model that depend on no input (a detector's constant box_scale), by their name in the
+    # model file: not among ``outputs`` (nothing runs, calibrates or gates them); the graphs quantflow writes for
+    # deployment keep them, after the others (``engine.lowering.lower(constant_outputs=True)``)
+    constant_outputs: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def image_input(self) -> str:
+        """The input the images are fed to: the first one not in ``fixed_inputs``."""
+        return next(i for i in self.inputs if i not in self.fixed_inputs)
 
     def producer(self) -> dict[str, Node]:
         return {o: n for n in self.nodes for o in n.outputs}
@@ -106,7 +119,8 @@ class Graph:
         used = {i for n in nodes for i in n.inputs}
         return Graph(list(nodes), inputs, list(self.outputs),
                      {k: v for k, v in self.initializers.items() if k in used},
-                     {k: t for k, t in self.tensors.items() if k in made or k in inputs}, self.name)
+                     {k: t for k, t in self.tensors.items() if k in made or k in inputs}, self.name,
+                     {k: v for k, v in self.fixed_inputs.items() if k in inputs}, dict(self.constant_outputs))
 
     def op_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
