@@ -111,3 +111,30 @@ def unknown_op_model(op_type: str, domain: str, opset: int = 17) -> onnx.ModelPr
 def test_an_unknown_op_is_refused_naming_the_op_its_domain_and_the_fix(op_type, domain, opset, said):
     with pytest.raises(UnsupportedNetworkError, match=r"unsupported ONNX op '" + op_type + r"' " + said):
         read_onnx(unknown_op_model(op_type, domain, opset))
+
+
+def test_a_custom_domain_tf2onnx_does_not_import_is_imported_for_the_rewrite(tmp_path):
+    """tf2onnx 1.17's ``--custom-ops TFL_Convolution2DTransposeBias:mediapipe`` writes the node in domain mediapipe
+    without an opset import for it (MediaPipe's selfie segmenter): ONNX's shape inference then refuses the model,
+    so the rewrite imports it; the standard form imports only the domains its nodes use."""
+    model, w, b = leftover_model(2, True, domain="mediapipe", declare="op")
+    kept = [o for o in model.opset_import if o.domain != "mediapipe"]
+    del model.opset_import[:]
+    model.opset_import.extend(kept)
+    onnx.save(model, tmp_path / "m.onnx")
+    graph = read_onnx(tmp_path / "m.onnx")
+    assert {"Conv2DTranspose", "BiasAdd"} <= set(graph.op_counts())
+    x = np.random.default_rng(2).normal(size=(1, 8, 5, 7)).astype(np.float32)
+    want = mediapipe_transpose_conv_bias(x.transpose(0, 2, 3, 1), w, b, 2, True).transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(onnxruntime_outputs(tmp_path / "m.onnx", x, 1), want, rtol=1e-5,
+                               atol=1e-5 * np.abs(want).max())
+
+
+def test_another_unknown_op_beside_the_leftover_is_named_before_the_rewrite(tmp_path):
+    """MediaPipe's selfie segmenter converted at opset 13 holds HardSwish (ONNX has it from opset 14) beside the
+    leftover: the refusal names HardSwish and the opset to convert at, not the rewrite's missing shapes."""
+    model, _, _ = leftover_model(2, True)
+    model.graph.node.insert(1, helper.make_node("HardSwish", ["nhwc"], ["hs"], name="h_swish"))
+    model.graph.node[2].input[0] = "hs"
+    with pytest.raises(UnsupportedNetworkError, match=r"'HardSwish' \(domain ai.onnx\) at node h_swish.*opset 14"):
+        read_onnx(model)

@@ -98,15 +98,38 @@ def standard_form(model, source: str):
 
     if not any(n.op_type in TRANSPOSE_CONV_BIAS for n in model.graph.node):
         return model
+    others = [f for f in nonstandard_nodes(model) if f[2] not in TRANSPOSE_CONV_BIAS]
+    if others:   # the rewrite infers shapes through the whole graph: name what stops that first
+        name, domain, op = others[0]
+        fix = unknown_op_fix("" if domain == "ai.onnx" else domain, op, _opset(model))
+        raise UnsupportedNetworkError(
+            f"{source}: unsupported ONNX op {op!r} (domain {domain}) at node {name}, beside MediaPipe's transposed "
+            f"convolution: {describe_nodes(others)}. Fix: {fix}")
     out = onnx.ModelProto()
     out.CopyFrom(model)
+    _import_domains(out)
     k = 0
     while k < len(out.graph.node):
         if out.graph.node[k].op_type in TRANSPOSE_CONV_BIAS:
             _rewrite_transpose_conv_bias(out, k, source)
             k += 2   # the three nodes written in its place
         k += 1
+    used = {n.domain for n in out.graph.node} | set(_DEFAULT)
+    kept = [o for o in out.opset_import if o.domain in used]
+    del out.opset_import[:]
+    out.opset_import.extend(kept)
     return out
+
+
+def _import_domains(model) -> None:
+    """An opset import for every node domain the model lacks one for: tf2onnx's ``--custom-ops OP:domain`` writes
+    the node in that domain without importing it (tf2onnx 1.17), and ONNX's shape inference then refuses the model."""
+    from onnx import helper
+
+    have = {o.domain for o in model.opset_import}
+    for domain in dict.fromkeys(n.domain for n in model.graph.node if n.domain not in _DEFAULT):
+        if domain not in have:
+            model.opset_import.append(helper.make_opsetid(domain, 1))
 
 
 def _constant(model, name: str):
