@@ -75,7 +75,7 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
     print("gate: the same images through the float16-only path (no op in INT8), the floor INT8 is measured against")
     report["float16"] = floor.floor_summary(m, check.floor())
     if cfg.evaluation.max_vs_float16 is not None and params_dir is not None and fallback.get("mode") == "auto":
-        report["curve"] = held_out_curve(check, QuantParams.load(params_dir), fallback["steps"])
+        report["curve"] = held_out_curve(check, QuantParams.load(params_dir), fallback["steps"], report)
     report.update(metric=m.name, eval_data=str(cfg.evaluation.data_dir), calibration_method=qp.method,
                   quantized_ops=len(qp.ops), int8_op_types=dict(Counter(op.op for op in qp.ops)),
                   float16_layers=[{"layer": f.scope, "op": f.op, "reason": f.reason} for f in qp.float16])
@@ -124,11 +124,12 @@ def gate_stage(cfg, kdir: Path, graph_dir: Path, calibrate_dir: Path, fallback_d
 CURVE_POINTS = 8   # the fallback's kept steps measured on the gate's images at most (the first and last always)
 
 
-def held_out_curve(check, params: QuantParams, steps: list[dict]) -> list[dict]:
+def held_out_curve(check, params: QuantParams, steps: list[dict], final: dict) -> list[dict]:
     """The price of the fallback's walk on the gate's images: for its kept steps (at most ``CURVE_POINTS``, spread
     evenly, the first and the last among them), the layers in float16, INT8's share of the multiply-adds, the
     outcomes INT8 changes and its ratio to the float16 floor, each step's parameters (``params`` without its layers)
-    run through ``check`` (``floor.checker``)."""
+    run through ``check`` (``floor.checker``); the last kept step is the build's own parameters, whose report
+    ``final`` the gate has made already."""
     from quantflow.quantization.fallback import without
 
     kept = [s for s in steps if not s.get("undone")]
@@ -138,8 +139,11 @@ def held_out_curve(check, params: QuantParams, steps: list[dict]) -> list[dict]:
     points = []
     for k in chosen:
         layers = [f["node"] for f in kept[k]["float_ops"]]
-        print(f"gate: the fallback's step with {len(layers)} layer(s) in float16, on the gate's images")
-        r = check(without(params, layers))
+        if k == len(kept) - 1:
+            r = final
+        else:
+            print(f"gate: the fallback's step with {len(layers)} layer(s) in float16, on the gate's images")
+            r = check(without(params, layers))
         d = r["distance"]
         points.append({"float16_layers": len(layers), "int8_mac_share": d.get("int8_mac_share"),
                        "changed": d["int8_changed"], "ratio": d["ratio"], "low": d["low"], "high": d["high"],

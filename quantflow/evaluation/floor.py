@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..quantization.qparams import QuantParams
-from .intervals import Resampling, figure, line, resampling, weighted_sums
+from .intervals import Resampling, figure, interval, line, resampling, weighted_sums
 from .verdicts import DRAWS, explain, rejudge
 
 VS_FLOAT16 = "vs_float16"           # the gated figure's id and label
@@ -81,8 +81,7 @@ def distance(int8: dict, float16: dict, labels, limits, mac: dict | None = None)
     if len(q):
         r = resampling(labels, limits.resamples, limits.seed, limits.confidence)
         draws = ratio_draws(q, f, a["unit"], r)
-        fig = figure(VS_FLOAT16, VS_FLOAT16, "", value, 1.0, "max", draws, len(q), r.confidence)
-        low, high = fig["low"], fig["high"]
+        low, high = interval(draws, r.confidence) or (None, None)
     out = {"unit": a["unit"], "images": int(len(q)), "int8_changed": float(q.sum()), "float16_changed": float(f.sum()),
            "int8_changed_images": int(np.sum(q > 0)), "float16_changed_images": int(np.sum(f > 0)),
            "ratio": value, "low": low, "high": high, "counted": counted(a["unit"])}

@@ -68,6 +68,11 @@ def _verdict_rows(m, gate: dict) -> list[list]:
                    ["range method", gate.get("calibration_method", "?")]]
 
 
+def _interval(f: dict) -> str:
+    """A figure's interval as a cell ("" where it has none)."""
+    return "" if f["low"] is None else f"[{number(f['low'])}, {number(f['high'])}]"
+
+
 def floor_section(gate: dict, fallback: dict | None) -> str:
     """The ``floor`` section: INT8 against the float16-only path on the same images (``evaluation.floor``): a chart
     of the outcomes each changes and, after the automatic fallback, the curve it walked (INT8 share of the
@@ -81,8 +86,7 @@ def floor_section(gate: dict, fallback: dict | None) -> str:
     curve = held or [(s["distance"]["int8_mac_share"], s["distance"]["int8_changed"]) for s in steps
                      if "int8_mac_share" in s["distance"]]
     where = "held-out images" if held else "tuning images"
-    rows = [[f["figure"], number(f["value"]), "" if f["low"] is None else f"[{number(f['low'])}, {number(f['high'])}]",
-             f["verdict"]] for f in f16.get("figures", [])]
+    rows = [[f["figure"], number(f["value"]), _interval(f), f["verdict"]] for f in f16.get("figures", [])]
     return "".join([
         '<section id="floor"><h2>INT8 against the float16 floor</h2>',
         f"<p>{html.escape(distance_line(gate))}. The float16 floor: {html.escape(f16['what'])}.</p>",
@@ -91,7 +95,7 @@ def floor_section(gate: dict, fallback: dict | None) -> str:
         _table(["layers in float16", "INT8 share of multiply-adds", f"changed {d['unit']}", "ratio to float16",
                 "interval", "verdict"],
                [[p["float16_layers"], f"{p['int8_mac_share']:.1%}", f"{p['changed']:g}", number(p["ratio"]),
-                 "" if p["low"] is None else f"[{number(p['low'])}, {number(p['high'])}]", p["verdict"]]
+                 _interval(p), p["verdict"]]
                 for p in gate.get("curve", [])]) if gate.get("curve") else "",
         _table(["float16-only figure", "value", "interval", "verdict against the same limits"], rows) if rows else "",
         "</section>"])
@@ -103,8 +107,7 @@ def figure_rows(gate: dict) -> tuple[list[str], list[list]]:
     rows = []
     for f in gate["figures"]:
         b = f.get("baseline")
-        rows.append([f["figure"], number(f["value"]), "" if f["low"] is None else
-                     f"[{number(f['low'])}, {number(f['high'])}]", f"{'>=' if f['kind'] == 'min' else '<='} "
+        rows.append([f["figure"], number(f["value"]), _interval(f), f"{'>=' if f['kind'] == 'min' else '<='} "
                      f"{f['limit']:g}", f["verdict"], f.get("decide_images") or "",
                      "" if not b else f"{number(b['value'])}: {'WORSE' if b['worse'] else 'not worse'} ({b['method']})"])
     return (["figure", "value", f"{conf:.0%} interval", "limit", "verdict", "images to decide", "baseline"], rows)

@@ -6,11 +6,11 @@ import io
 import numpy as np
 
 
-def _figure(width: float, height: float):
+def _figure(width: float, height: float, **subplots):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    return plt, plt.subplots(figsize=(width, height), dpi=100)
+    return plt, plt.subplots(figsize=(width, height), dpi=100, **subplots)
 
 
 def _png(plt, fig) -> bytes:
@@ -77,11 +77,7 @@ def floor_chart(unit: str, float16: float, int8: float, low: float | None, high:
     """Left: the task outcomes (``unit``) the float16-only path and INT8 change against FP32, INT8's bar with the
     ratio's interval drawn as float16's count times its ends.  Right, where the fallback walked a ``curve``
     ((INT8 share of the multiply-adds, changed outcomes) per kept step, on ``where``): the price of each step."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2 if curve else 1, figsize=(9 if curve else 5, 2.8), dpi=100, squeeze=False)
+    plt, (fig, axes) = _figure(9 if curve else 5, 2.8, ncols=2 if curve else 1, squeeze=False)
     axes = axes[0]
     ax = axes[0]
     ax.bar([0, 1], [float16, int8], color=["#4a8", "#c64"])
