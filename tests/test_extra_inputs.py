@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -170,12 +171,18 @@ def test_init_guesses_values_from_the_names():
     assert guess("mask", [1, 3], (32, 48)) == ([0.0, 0.0, 0.0], False)
 
 
-def test_init_writes_the_inputs_table_and_the_build_reads_it(tmp_path):
+def _init_two_input_project(tmp_path: Path) -> Path:
+    """The tiny project with the two-input detector, its quantflow.toml written as quantflow init writes it."""
     project = tiny_project(tmp_path / "p")
     two_input_detector(project / "det.onnx")
     (project / "quantflow.toml").unlink()
     out, _ = write(project / "quantflow.toml", calib=project / "calib_data", eval=project / "eval_data",
                    onnx=project / "det.onnx")
+    return out
+
+
+def test_init_writes_the_inputs_table_and_the_build_reads_it(tmp_path):
+    out = _init_two_input_project(tmp_path)
     text = out.read_text()
     assert "scale_factor = { value = [1.0, 1.0] }   # EDIT" in text
     written = tomllib.loads(text)
@@ -185,11 +192,7 @@ def test_init_writes_the_inputs_table_and_the_build_reads_it(tmp_path):
 
 
 def test_batch_sizes_with_model_inputs_is_a_configuration_error(tmp_path):
-    project = tiny_project(tmp_path / "p")
-    two_input_detector(project / "det.onnx")
-    (project / "quantflow.toml").unlink()
-    out, _ = write(project / "quantflow.toml", calib=project / "calib_data", eval=project / "eval_data",
-                   onnx=project / "det.onnx")
+    out = _init_two_input_project(tmp_path)
     out.write_text(out.read_text().replace("\n[build]\n", "\n[build]\nbatch_sizes = [1, 4]\n", 1))
     with pytest.raises(ConfigError, match="build.batch_sizes with model.inputs \\(scale_factor\\)"):
         load_config(out)
@@ -197,11 +200,7 @@ def test_batch_sizes_with_model_inputs_is_a_configuration_error(tmp_path):
 
 @pytest.mark.slow
 def test_a_two_input_detector_builds_and_passes_its_gate(tmp_path):
-    project = tiny_project(tmp_path / "p")
-    two_input_detector(project / "det.onnx")
-    (project / "quantflow.toml").unlink()
-    out, _ = write(project / "quantflow.toml", calib=project / "calib_data", eval=project / "eval_data",
-                   onnx=project / "det.onnx")
+    out = _init_two_input_project(tmp_path)
     out.write_text(out.read_text().replace("scale_factor = { value = [1.0, 1.0] }", f"scale_factor = {{ value = "
                                                                                     f"{SCALE} }}"))
     r = quantflow.build(out)

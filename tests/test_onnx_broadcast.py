@@ -88,12 +88,18 @@ def test_a_full_rank_constant_slope_becomes_one_value_per_channel():
     np.testing.assert_array_equal(graph.initializers[prelu.inputs[1]], values)
 
 
+def unchecked(n: Net, y: str, opset: int) -> onnx.ModelProto:
+    """``n`` with output ``y`` at ``opset``, not run through onnx's checker (``model_of`` does): the model is one the
+    reader must refuse."""
+    graph = helper.make_graph(n.nodes, "net", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 6, 6])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, None)], n.inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
 def test_a_slope_that_does_not_broadcast_is_refused_naming_both_shapes():
     n = Net(44)
     y = n.op("PRelu", [n.conv("input", "c", 3, 8), n.init("slope", np.ones((3,), np.float32))], "my_prelu")
-    graph = helper.make_graph(n.nodes, "net", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 6, 6])],
-                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, None)], n.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = unchecked(n, y, 17)
     with pytest.raises(UnsupportedNetworkError, match=r"my_prelu .*slope of shape \(3,\) does not broadcast to the "
                                                       r"input's \(1, 8, 6, 6\).*re-export"):
         read_onnx(model)
@@ -102,9 +108,7 @@ def test_a_slope_that_does_not_broadcast_is_refused_naming_both_shapes():
 def test_opset6_broadcast_from_an_axis_is_refused_with_the_conversion():
     n = Net(45)
     y = n.op("Add", [n.conv("input", "c", 3, 8), n.init("b", np.ones(8, np.float32))], "old_add", broadcast=1, axis=1)
-    graph = helper.make_graph(n.nodes, "net", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 6, 6])],
-                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, None)], n.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)])
+    model = unchecked(n, y, 6)
     with pytest.raises(UnsupportedNetworkError, match=r"old_add .*opset-6 broadcasting of B \(8,\) from axis 1.*"
                                                       r"onnx.version_converter.convert_version"):
         read_onnx(model)
