@@ -196,9 +196,10 @@ class QuantizationSection(_Section):
                                     "gate (to name the layers to try); always: in every build, for the report")
     sensitivity_images: int = Field(default=32, gt=0, description="calibration images for the per-layer analysis")
     recover: Union[Literal["auto", "off"], tuple[str, ...]] = Field(
-        default="auto", description="recovery before any fallback: auto: cross-layer equalization of starved tensors, and "
-                                    "(fallback = 'auto') output-aware ranges and learned rounding when the check on "
-                                    "the tuning images fails; off; or a list of methods, run in order")
+        default="auto", description="recovery before any fallback: auto: where there are tuning images, cross-layer "
+                                    "equalization, output-aware ranges and learned rounding, each kept by the check "
+                                    "on them; with none, equalization of the tensors INT8 starves; off; or a list "
+                                    "of methods, run in order")
     recovery_images: int = Field(default=32, gt=0, description="calibration images the recovery measures and learns on")
     recovery_iterations: int = Field(default=3, gt=0,
                                      description="adaround: coordinate-descent passes over each layer's weights, at most")

@@ -80,6 +80,32 @@ def tuning_and_gate_sets(cfg, calibrated: list | None = None):
                          f"evaluation.seed {e.seed} (evaluation.tune_from = \"held_out\")")
 
 
+def recovery_tuning_set(cfg):
+    """The images the recovery's check tunes on (``recover.py``), or None where it has none: with ``quantization.
+    fallback = "auto"`` the fallback's (``tuning_and_gate_sets``); with ``"off"`` ``evaluation.tune_dir`` when
+    given, else (``tune_from = "calibration"``) the images of ``calibration.data_dir`` beyond the calibration sample,
+    only where at least ``MIN_TUNING_IMAGES`` are there: with no fallback after it, nothing tops them up from the
+    sample (whose ranges were fitted on it), and the gate's held-out images are never cut for it."""
+    if _auto(cfg):
+        return tuning_and_gate_sets(cfg)[0]
+    e = cfg.evaluation
+    if e.tune_dir is not None:   # the fallback's, with its check that no image is also the gate's
+        return tuning_and_gate_sets(cfg.model_copy(update={"quantization": cfg.quantization.model_copy(
+            update={"fallback": "auto"})}))[0]
+    if e.tune_from != "calibration":
+        return None
+    tune = _calibration_tuning(cfg, evaluation_set(cfg), None, top_up=False)[0]
+    return tune if tune is not None and len(tune) >= MIN_TUNING_IMAGES else None
+
+
+def recovery_tuning_folder(cfg) -> Path | None:
+    """The folder ``recovery_tuning_set`` draws from (known before the sample runs): ``tuning_folder`` with the
+    fallback on or off."""
+    e = cfg.evaluation
+    return e.tune_dir if e.tune_dir is not None else (
+        cfg.calibration.data_dir if e.tune_from == "calibration" else None)
+
+
 def _folder_set(cfg, folder: Path, ev):
     """The images of ``folder`` as a tuning set (labelled like the held-out images; no class need be present)."""
     from quantflow.evaluation.runs import held_out
@@ -88,8 +114,9 @@ def _folder_set(cfg, folder: Path, ev):
                     frame_order=ev.frame_order, batch_size=ev.batch_size, engine=ev.engine)
 
 
-def _calibration_tuning(cfg, ev, calibrated: list | None):
-    """``tuning_and_gate_sets`` for ``evaluation.tune_from = "calibration"``."""
+def _calibration_tuning(cfg, ev, calibrated: list | None, top_up: bool = True):
+    """``tuning_and_gate_sets`` for ``evaluation.tune_from = "calibration"``; without ``top_up`` the tuning set
+    is None where no image is beyond the sample, and never topped up from it."""
     from dataclasses import replace
 
     from quantflow.data.sampling import read_manifest
@@ -110,7 +137,9 @@ def _calibration_tuning(cfg, ev, calibrated: list | None):
     beyond = leave_out(folder, calibrated or [])
     tune = draw(beyond, wanted, e.seed)
     extra = 0
-    if len(tune) < min(wanted, MIN_TUNING_IMAGES) and calibrated:
+    if not top_up and not len(tune):
+        return None, ev, None
+    if top_up and len(tune) < min(wanted, MIN_TUNING_IMAGES) and calibrated:
         sample = leave_out(folder, beyond.paths)
         top = draw(sample, min(wanted, MIN_TUNING_IMAGES) - len(tune), e.seed)
         extra = len(top)

@@ -221,6 +221,14 @@ def test_ctc_on_a_time_major_network_run_image_by_image(tmp_path):
     assert [r["length"] for r in records] == lengths and sum(lengths) > 5   # readings of a few symbols each
     numbers = TaskMetric("ctc", {}).summarize(records)
     assert numbers["images"] == 5 and 0 <= numbers["agreement"] <= 1
+    # a checker's FP32 memo keeps each batch's outputs whole (here [n * T, 1, C]: no per-image axis to cut)
+    from quantflow.evaluation.runs import Fp32Memo
+    memo, deploy = Fp32Memo(graph, len(ev)), quantized_graph(folded, qp)
+    fresh = task_run(ev, graph, deploy, aipp, whole_outputs(graph), "ctc", {})
+    for _ in range(2):   # the first run fills the memo, the second reads it
+        again = task_run(ev, graph, deploy, aipp, whole_outputs(graph), "ctc", {}, None, memo)
+        assert np.array_equal(again[0], fresh[0]) and len(memo.outputs) == 2
+        assert TaskMetric("ctc", {}).summarize(again[1]) == TaskMetric("ctc", {}).summarize(fresh[1])
 
 
 def test_editing_a_file_the_options_name_changes_the_evaluation_key(tmp_path):

@@ -322,3 +322,55 @@ def test_the_costly_recovery_is_undone_where_the_tuning_images_say_it_harms():
     undo(record, 1)
     assert [s["kept"] for s in record["steps"]] == [True, False, False]
     assert record["steps"][1]["undone_by"] == "tuning check" and "undone_by" not in record["steps"][2]
+
+
+def test_where_the_check_already_passes_a_costly_method_is_kept_only_where_it_brings_int8_nearer_fp32():
+    """With the verdict the gate would pass on the tuning images, a costly method is there for the distance to the
+    float16 floor: kept where the tuning images show INT8 nearer FP32 (the steering figure ``MIN_GAIN`` better),
+    undone where they show it the same or worse (fitted to the recovery images, it may be nearer FP32 only there)."""
+    from tasks.fallback import tuning_settled
+    from tasks.recover import costly_kept
+
+    rng = np.random.default_rng(3)
+    labels = np.repeat(np.arange(3), 300)
+    fp = rng.normal(size=(900, 3)) + 12 * np.eye(3)[labels]
+    noise = rng.normal(0, 0.05, fp.shape)
+    first = _top1_check(fp, fp + noise, labels)
+    assert tuning_settled(first, "fail")
+    assert costly_kept(first, _top1_check(fp, fp + 0.5 * noise, labels), "fail")        # better on every image
+    assert not costly_kept(first, _top1_check(fp, fp + 1.01 * noise, labels), "fail")  # about the same
+    assert not costly_kept(first, _top1_check(fp, fp + 1.5 * noise, labels), "fail")   # worse
+    # better on the tuning images, but farther from FP32 on the recovery images it learned from: undone
+    better = _top1_check(fp, fp + 0.5 * noise, labels)
+    assert costly_kept(first, better, "fail", 25.5, 25.5) and not costly_kept(first, better, "fail", 25.5, 25.3)
+
+
+def test_a_costly_method_the_recovery_images_call_worse_is_undone_where_the_check_passes():
+    """adaround would help on the tuning images but lowers the guard's figure on the recovery images (25.5 -> 25.3
+    dB): with a passing first check it is undone, by the recovery images, without a check of the tuning images;
+    the parameters before stay.  Where the first check fails, the same step is checked and kept (it helps there)."""
+    from quantflow.quantization.recovery.measure import GUARD
+    from tasks.recover import costly_checked
+
+    rng = np.random.default_rng(5)
+    labels = np.repeat(np.arange(3), 100)
+    fp = rng.normal(size=(300, 3)) + 12 * np.eye(3)[labels]
+    noise = rng.normal(0, 0.4, fp.shape)
+    scale = {"start": 1.0, "adaround": 0.5}
+
+    def run(name, qp, record):
+        record["steps"].append({"method": name, "kept": True, "after": {GUARD: 25.3}})
+        return name, record
+    check = lambda qp: _top1_check(fp, fp + scale[qp] * noise, labels)   # noqa: E731
+    record = {"before": {GUARD: 25.0}, "steps": [{"method": "equalize", "kept": True, "after": {GUARD: 25.5}}]}
+    first = check("start")
+    assert first["passed"]
+    qp, record, last, made = costly_checked("start", record, first, ("adaround",), run, check, "fail")
+    assert qp == "start" and made == 0 and last is first and "check" not in record["steps"][1]
+    assert record["steps"][1]["kept"] is False and record["steps"][1]["undone_by"] == "recovery images"
+    scale["start"] = 12.0    # INT8 noise the gate fails on
+    failing = check("start")
+    assert not failing["passed"]
+    record = {"before": {GUARD: 25.0}, "steps": [{"method": "equalize", "kept": True, "after": {GUARD: 25.5}}]}
+    qp, record, last, made = costly_checked("start", record, failing, ("adaround",), run, check, "fail")
+    assert qp == "adaround" and made == 1 and record["steps"][1]["kept"] and last["passed"]

@@ -390,6 +390,32 @@ def test_a_task_run_sharded_over_processes_equals_the_single_process_one(detecto
     assert numbers["fp32_detections"] > 100 and numbers["f1"] < 0.5   # this INT8 model loses the class scores
 
 
+def test_a_checker_reuses_its_first_fp32_outputs_and_gives_a_fresh_runs_numbers(detector_run, monkeypatch):
+    """The second run with a ``Fp32Memo`` runs no FP32 (float_runner is never made) and gives, over one process
+    or two, the numbers of a run without it; a memo whose images do not fit ``MEMO_BYTES`` keeps nothing."""
+    from quantflow.evaluation import runs
+    from quantflow.evaluation.runs import Fp32Memo, output_stats, whole_outputs
+    from quantflow.evaluation.task import task_run
+
+    ev, graph, deploy, aipp, names = detector_run
+    regions = whole_outputs(graph, names)
+    fresh = task_run(ev, graph, deploy, aipp, regions, "detection", {}, names)
+    memo = Fp32Memo(graph, len(ev))
+    first = task_run(ev, graph, deploy, aipp, regions, "detection", {}, names, memo)
+    assert {p for batch in memo.outputs for p in batch} == set(ev.paths)   # whole batches, every image
+
+    def no_fp32(*a, **k):
+        raise AssertionError("FP32 ran again")
+    monkeypatch.setattr(runs, "float_runner", no_fp32)
+    for e in (ev, dataclasses.replace(ev, engine=EngineSection(workers=2))):
+        again = task_run(e, graph, deploy, aipp, regions, "detection", {}, names, memo)
+        assert np.array_equal(again[0], fresh[0]) and np.array_equal(first[0], fresh[0])
+        assert TaskMetric("detection", {}).summarize(again[1]) == TaskMetric("detection", {}).summarize(fresh[1])
+        assert np.array_equal(output_stats(e, graph, deploy, aipp, regions, names, memo), fresh[0])
+    monkeypatch.setattr(runs, "MEMO_BYTES", 10)
+    assert not Fp32Memo(graph, len(ev)).fits
+
+
 def test_the_readme_ocr_metric_reads_ctc_as_written(tmp_path, monkeypatch):
     """The text-recognition metric of docs/detectors.md: run as written, from a module beside the config."""
     readme = (REPO / "docs" / "detectors.md").read_text()

@@ -132,3 +132,29 @@ def test_the_tuning_folder_is_part_of_the_key_of_what_reads_it(tmp_path):
     assert len(tune) == 301 and len(judge) == 359 and "(before sampling)" in source
     held = _project(tmp_path, 'tune_from = "held_out"', sampled=False)
     assert evaluation_inputs(held)["tune_data"] is None
+
+
+def _fallback_off(cfg_path: Path, evaluation: str = ""):
+    text = cfg_path.read_text().replace('fallback = "auto"', 'fallback = "off"')
+    cfg_path.write_text(text.replace("threshold = 0.01\n", f"threshold = 0.01\n{evaluation}\n"))
+    return load_config(cfg_path)
+
+
+def test_without_the_fallback_the_recovery_checks_on_images_beyond_the_sample_and_never_tops_them_up(tmp_path):
+    """fallback = "off": the recovery's costly methods are still checked on images the ranges were not fitted on
+    (those beyond the sample, as init leaves them), only where at least MIN_TUNING_IMAGES are there; never on the
+    sample itself, nor on the gate's held-out images."""
+    from tasks.fallback import MIN_TUNING_IMAGES, recovery_tuning_set
+    from tasks.recover import _checks
+
+    _project(tmp_path)                    # 300 calibration images, 200 sampled: 100 beyond
+    cfg = _fallback_off(tmp_path / "quantflow.toml")
+    tune = recovery_tuning_set(cfg)
+    assert _checks(cfg) and len(tune) == 100 and not _resolved(tune.paths) & _resolved(calibration_paths(cfg))
+    _, judge, _ = tuning_and_gate_sets(cfg)
+    assert len(judge) == 359 and not _resolved(tune.paths) & _resolved(judge.paths)
+    _project(tmp_path, count=300 - MIN_TUNING_IMAGES + 1)      # one image short
+    assert recovery_tuning_set(_fallback_off(tmp_path / "quantflow.toml")) is None
+    _project(tmp_path)
+    cfg = _fallback_off(tmp_path / "quantflow.toml", 'tune_from = "held_out"')   # the gate's images: never cut
+    assert not _checks(cfg) and recovery_tuning_set(cfg) is None

@@ -17,7 +17,7 @@ from .intervals import resampling
 from .parts import label
 from .parts import regions as resolve_regions
 from .protocol import Series, in_float
-from .runs import output_names, output_stats
+from .runs import Fp32Memo, output_names, output_stats
 from .steering import region_steering
 from .verdicts import attach, explain, mark_rows, region_figures, with_intervals
 
@@ -151,12 +151,14 @@ class Outputs:
         return self.checker(ev, limits, graph, folded, aipp_params, names)(qparams)
 
     def checker(self, ev, limits, graph, folded, aipp_params: dict, names: dict | None = None):
-        """``check(qparams) -> report`` for the automatic fallback (FP32 runs beside INT8 at each check: only
-        per-image sums are kept, never the outputs); a part that does not fit fails here, before any run."""
+        """``check(qparams) -> report`` for the automatic fallback (FP32 runs beside INT8 at the first check, and
+        at each where the images' outputs do not fit ``runs.Fp32Memo``); a part that does not fit fails here,
+        before any run."""
         regions = network_regions(graph, limits, names=names)
+        memo = Fp32Memo(graph, len(ev))
 
         def check(qparams) -> dict:
-            stats = output_stats(ev, graph, quantized_graph(folded, qparams), aipp_params, regions, names)
+            stats = output_stats(ev, graph, quantized_graph(folded, qparams), aipp_params, regions, names, memo)
             return dict(judged_outputs(stats, regions, list(ev.names), ev.labels, limits),
                         changed=energy_changed(stats, regions))
         return check

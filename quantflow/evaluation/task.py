@@ -48,7 +48,7 @@ from .intervals import Resampling, mean_replicates, record_replicates, resamplin
 from .intervals import figure as figure_of
 from .outputs import failing_outputs, failure_text, network_regions, region_rows, rows_details, rows_text
 from .protocol import Series, in_float
-from .runs import both_outputs, region_sums, sharded_parts
+from .runs import Fp32Memo, both_outputs, region_sums, sharded_parts
 from .shipped import SHIPPED
 from .steering import region_steering
 from .verdicts import attach, explain, mark_rows, region_figures, with_intervals
@@ -188,26 +188,30 @@ class TaskMetric:
                                  f"{frame.filename}:{frame.lineno}, {where})") from None
 
 
-def _task_shard(shared, paths) -> tuple[np.ndarray, list]:
-    ev, graph, deploy, aipp_params, regions, metric, options, names = shared
+def _task_shard(shared, paths) -> tuple[np.ndarray, list, dict | None]:
+    ev, graph, deploy, aipp_params, regions, metric, options, names, fp32, keep = shared
     task = TaskMetric(metric, options)
     shown = dict(zip(ev.paths, ev.names))
-    stats, records = [], []
-    for batch_paths, images, fp, q in both_outputs(ev, graph, deploy, aipp_params, paths, names):
+    stats, records, kept = [], [], {} if keep else None
+    for batch_paths, images, fp, q in both_outputs(ev, graph, deploy, aipp_params, paths, names, fp32=fp32,
+                                                   keep=kept):
         stats.append(region_sums(fp, q, regions, len(images)))
         record = task.record(fp, q, Batch(tuple(batch_paths), tuple(shown[p] for p in batch_paths), images))
         records.extend(record) if task.records_per_image else records.append(record)
-    return (np.concatenate(stats) if stats else np.zeros((0, len(regions), 5))), records
+    return (np.concatenate(stats) if stats else np.zeros((0, len(regions), 5))), records, kept
 
 
 def task_run(ev, graph, deploy, aipp_params: dict, regions: list, metric: str, options: dict,
-             names: dict | None = None) -> tuple[np.ndarray, list]:
+             names: dict | None = None, memo: Fp32Memo | None = None) -> tuple[np.ndarray, list]:
     """(``runs.region_sums`` of every held-out image, the task metric's records in image order: one per batch, or
     one per image for a metric with ``records_per_image``), sharded over ``ev.engine`` with the single process's
-    results; outputs named as ``runs.output_names`` says."""
-    shared = (ev, graph, deploy, aipp_params, regions, metric, dict(options), names)
+    results; outputs named as ``runs.output_names`` says; FP32 reused from (or kept in) ``memo``."""
+    fp32, keep = memo.ask() if memo else (None, False)
+    shared = (ev, graph, deploy, aipp_params, regions, metric, dict(options), names, fp32, keep)
     parts = sharded_parts(_task_shard, shared, ev)
-    return np.concatenate([s for s, _ in parts]), [r for _, rs in parts for r in rs]
+    if memo:
+        memo.add([k for _, _, k in parts])
+    return np.concatenate([s for s, _, _ in parts]), [r for _, rs, _ in parts for r in rs]
 
 
 def steering_of(own: dict | None, regions: dict | None) -> dict | None:
@@ -275,13 +279,15 @@ class Task:
         return self.checker(ev, limits, graph, folded, aipp_params, names)(qparams)
 
     def checker(self, ev, limits, graph, folded, aipp_params: dict, names: dict | None = None):
-        """``check(qparams) -> report``: FP32 runs beside INT8 at each check, one batch at a time."""
+        """``check(qparams) -> report``: FP32 runs beside INT8, one batch at a time, at the first check (and at
+        each where the images' outputs do not fit ``runs.Fp32Memo``)."""
         regions = network_regions(graph, limits, gate_whole=False, names=names)
+        memo = Fp32Memo(graph, len(ev))
         metric = TaskMetric(limits.metric, dict(limits.options))   # it loads (and takes its options) before any run
 
         def check(qparams) -> dict:
             stats, records = task_run(ev, graph, quantized_graph(folded, qparams), aipp_params, regions,
-                                      limits.metric, dict(limits.options), names)
+                                      limits.metric, dict(limits.options), names, memo)
             numbers = metric.summarize(records)
             checks = judge(numbers, limits, metric.defaults)
             rows = region_rows(stats, regions, list(ev.names))

@@ -24,9 +24,8 @@ def section(record: dict | None) -> str:
     if check:
         def said(c: dict) -> str:
             return c.get("verdict") or ("PASS" if c["passed"] else "FAIL")
-        out.append(f"<p>Check on the fallback's tuning images after the cheap methods: {said(check)}"
-                   + (f"; after the costly ones (run where the gate would not pass it): {said(record['check_after'])}"
-                      if record.get("check_after") else "") + ".</p>")
+        out.append(f"<p>Check on the {check.get('images', '')} tuning images before recovery: {said(check)}"
+                   + (f"; after it: {said(record['check_after'])}" if record.get("check_after") else "") + ".</p>")
     for s in steps:
         n = s["notes"]
         what = (f"{len(n['pairs'])} pair(s) equalized" if s["method"] == "equalize" else n.get("summary", ""))
@@ -55,5 +54,7 @@ def section(record: dict | None) -> str:
 def _undone(step: dict) -> str:
     """Why a method's result was not kept."""
     if step.get("undone_by") == "tuning check":
-        return " (undone: it made the check on the tuning images worse)"
-    return " (undone: it lowered the network output SQNR)"
+        return " (undone by the check on the tuning images: not nearer FP32 there, or worse)"
+    if step.get("undone_by") == "recovery images":
+        return " (undone: farther from FP32 on the recovery images it learned from)"
+    return " (undone: it lowered the least output SQNR of what the gate compares)"

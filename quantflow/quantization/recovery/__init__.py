@@ -15,7 +15,8 @@ graph's float weights (``QuantParams.float_weights``) that every deploy graph is
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import hashlib
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -33,8 +34,10 @@ class Context:
     recalibrate: Callable[[QuantParams], QuantParams]   # the calibration again, on qparams' float weights
     iterations: int = 3                            # adaround: coordinate-descent passes per layer, at most
     positions: int = 2048                          # adaround / ranges: output positions sampled per layer
-    auto: bool = False                             # "auto": equalize only the tensors INT8 starves (equalize.py)
+    auto: bool = False                             # equalize only the tensors INT8 starves ("auto", no tuning images)
     regions: list | None = None                    # the outputs / parts the guard judges (measure.layer_sqnr)
+    references: dict = field(default_factory=dict)  # _float_key -> measure.references: FP32 once per float graph
+    layer_data: tuple | None = None                # (parameters, layerdata.gather of them): layerdata.gathered
 
 
 @dataclass(frozen=True)
@@ -112,8 +115,34 @@ def _last(record: dict) -> dict:
     return kept[-1] if kept else record["before"]
 
 
+def guard_figure(record: dict) -> float | None:
+    """The guard's figure (``measure.GUARD``, dB) of the parameters the record's kept steps end at; None where
+    nothing was measured (no method changed anything)."""
+    return _last(record).get(GUARD) if record.get("before") else None
+
+
 def _measure(ctx: Context, qp: QuantParams) -> dict:
-    return layer_sqnr(ctx.graph, qp, ctx.inputs, references(ctx.graph, qp, ctx.inputs), ctx.regions)
+    key = _float_key(qp)
+    if key not in ctx.references:   # ranges and adaround change only INT8 values: their FP32 is the one before
+        ctx.references.clear()
+        ctx.references[key] = references(ctx.graph, qp, ctx.inputs)
+    return layer_sqnr(ctx.graph, qp, ctx.inputs, ctx.references[key], ctx.regions)
+
+
+def _float_key(qp: QuantParams) -> str:
+    """What ``measure.references`` depends on: the float weights, the channel scales, the INT8 ops (and their
+    ReLU)."""
+    h = hashlib.blake2b(repr([(q.node, q.relu) for q in qp.ops]).encode(), digest_size=16)
+    for name, arrays in sorted(qp.float_weights.items()):
+        for k in sorted(arrays):
+            a = np.ascontiguousarray(arrays[k])
+            h.update(f"{name}:{k}:{a.shape}:{a.dtype}".encode())
+            h.update(a.tobytes())
+    for name in sorted(qp.channel_scales):
+        a = np.ascontiguousarray(qp.channel_scales[name])
+        h.update(f"{name}:{a.shape}:{a.dtype}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def layer_table(record: dict) -> list[dict]:

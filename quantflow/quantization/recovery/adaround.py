@@ -19,7 +19,7 @@ import copy
 import numpy as np
 
 from ...progress import progress
-from .layerdata import dequantized, float_output, gather
+from .layerdata import dequantized, float_output, gathered
 
 BLOCK = 64
 
@@ -72,7 +72,7 @@ def round_layer(x: np.ndarray, target: np.ndarray, w: np.ndarray, scale: np.ndar
 
 def adaround(ctx, qp):
     """``qp`` with every INT8 op's weights rounded as learned and its biases corrected, and the notes."""
-    data = gather(ctx.graph, qp, ctx.inputs, ctx.positions)
+    data = gathered(ctx, qp)
     out = copy.deepcopy(qp)
     layers = {}
     with progress(len(out.ops), "recovery: adaround") as bar:

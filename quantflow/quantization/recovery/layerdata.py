@@ -40,15 +40,26 @@ def _matmul_rows(w: np.ndarray, axis: int) -> np.ndarray:
 
 
 def _windows(x: np.ndarray, attrs: dict, kshape, n, oh, ow) -> np.ndarray:
+    """(P, C, kh, kw): the input window of each sampled output position (image ``n``, row ``oh``, column ``ow``)."""
     t, left, b, r = attrs["pads"]
     sh, sw = attrs["strides"]
     dh, dw = attrs["dilations"]
     kh, kw = kshape
     xp = np.pad(x, ((0, 0), (0, 0), (t, b), (left, r)))
-    rows = oh[:, None] * sh + np.arange(kh)[None, :] * dh
-    cols = ow[:, None] * sw + np.arange(kw)[None, :] * dw
-    c = np.arange(x.shape[1])
-    return xp[n[:, None, None, None], c[None, :, None, None], rows[:, None, :, None], cols[:, None, None, :]]
+    span = ((kh - 1) * dh + 1, (kw - 1) * dw + 1)
+    views = np.lib.stride_tricks.sliding_window_view(xp, span, axis=(2, 3))   # (N, C, rows, cols, *span), no copy
+    return views[n, :, oh * sh, ow * sw][:, :, ::dh, ::dw]
+
+
+def gathered(ctx, qp: QuantParams) -> dict[str, LayerData]:
+    """``gather`` for the recovery's ``Context``, kept for the same parameters object: a method undone (the
+    parameters before it kept) leaves the next method the inputs it learned from, with no emulation again."""
+    if ctx.layer_data is not None and ctx.layer_data[0] is qp:
+        return ctx.layer_data[1]
+    ctx.layer_data = None   # the last parameters' data freed before this one's is made
+    data = gather(ctx.graph, qp, ctx.inputs, ctx.positions)
+    ctx.layer_data = (qp, data)
+    return data
 
 
 def gather(graph, qp: QuantParams, inputs: list[np.ndarray], positions: int) -> dict[str, LayerData]:
@@ -92,9 +103,16 @@ def gather(graph, qp: QuantParams, inputs: list[np.ndarray], positions: int) -> 
 
 
 def dequantized(x: np.ndarray, scale_d: float, offset_d: int) -> np.ndarray:
-    """AscendQuant then the cube's view of its input: scale_d * (clip(round(x / scale_d) + offset) - offset)."""
-    q = np.clip(np.rint(np.asarray(x, np.float32) / np.float32(scale_d)) + offset_d, -128, 127)
-    return (q - offset_d).astype(np.float32) * np.float32(scale_d)
+    """AscendQuant then the cube's view of its input: scale_d * (clip(round(x / scale_d) + offset) - offset), in
+    float32, as scale_d * clip(round(x / scale_d), -128 - offset, 127 - offset): the same numbers (every
+    intermediate is an integer float32 holds exactly, or beyond the clip either way), two passes fewer."""
+    s, o = np.float32(scale_d), np.float32(offset_d)
+    q = np.asarray(x, np.float32) / s
+    np.rint(q, out=q)
+    np.minimum(q, np.float32(127) - o, out=q)
+    np.maximum(q, np.float32(-128) - o, out=q)
+    q *= s
+    return q
 
 
 def _apply(x: np.ndarray, w: np.ndarray) -> np.ndarray:
