@@ -74,10 +74,15 @@ output_dir = "build"
 soc_version = "Ascend310P3"
 precision_mode = "force_fp16"    # what the INT8 emulation models (atc's default)
 # atc_args = []              # extra atc options, e.g. ["--buffer_optimize=l2_optimize"]
-
+{batch_line}
 [engine]
 workers = 1                  # local worker processes for the gate and the per-layer analysis
 # ray_address = "auto"       # or "ray://head:10001": shard over a Ray cluster (needs Ray: the ray extra of quantflow-ascend)
+"""
+
+
+# where the model file leaves its batch free (a recogniser fed each frame's crops): the option, commented out
+BATCH_LINE = """# batch_sizes = [1, 8, 16]  # the model file's batch is free: the batch sizes the device serves (one INT8 .om each)
 """
 
 
@@ -502,6 +507,7 @@ def write_config(a) -> tuple[Path, list[str]]:
         evaluation_lines=evaluation.replace("{eval}", _rel(a.eval, base)),
         calib=_rel(a.calib, base), count=count, count_note=count_note,
         template="static_yuv400_u8.cfg" if shape[1] == 1 else "static_rgb888_u8.cfg",
+        batch_line=BATCH_LINE if declared and declared[0] is None and not others else "",
         frame_order="GRAY" if shape[1] == 1 else "BGR")
     if guesses:   # after the [model] keys: it opens the [model.inputs] table
         text = text.replace("\n[normalization]\n", f"\n{_inputs_toml(guesses)}\n[normalization]\n", 1)

@@ -241,3 +241,34 @@ def test_batch_sizes_are_in_the_keys_of_the_stages_whose_outputs_they_change():
     assert key("atc", batch_sizes=[1, 16])["build"]["batch_sizes"] == [1, 16]
     assert key("atc")["build"]["batch_sizes"] == []
     assert demo_config(batch_sizes=[1, 8, 16]).build.batch_sizes == (1, 8, 16)
+
+
+@pytest.mark.parametrize("free", [True, False], ids=["batch-free", "batch-1"])
+def test_init_offers_batch_sizes_where_the_file_leaves_the_batch_free(tmp_path, free):
+    """A recogniser exported with a free batch (PP-OCR's cls and rec, NudeNet) gets build.batch_sizes written,
+    commented out; uncommented, the configuration holds it.  A file fixed at batch 1 gets no such line."""
+    import cv2
+    from support.project import tiny_onnx
+
+    from quantflow.config import load_config
+    from quantflow.scaffold import write
+
+    path = tmp_path / "m.onnx"
+    tiny_onnx(path)
+    if not free:
+        model = onnx.load(str(path))
+        model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
+        onnx.save(model, str(path))
+    rng = np.random.default_rng(0)
+    for folder in ("calib", "eval"):
+        (tmp_path / folder).mkdir()
+        for k in range(4):
+            cv2.imwrite(str(tmp_path / folder / f"{k}.png"), rng.integers(0, 255, (32, 32, 3)).astype(np.uint8))
+    out, _ = write(tmp_path / "quantflow.toml", onnx=path, calib=tmp_path / "calib", eval=tmp_path / "eval")
+    text = out.read_text()
+    assert load_config(out).build.batch_sizes == ()
+    line = "# batch_sizes = [1, 8, 16]"
+    assert (line in text) == free
+    if free:
+        out.write_text(text.replace(line, line[2:]))
+        assert load_config(out).build.batch_sizes == (1, 8, 16)
