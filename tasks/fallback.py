@@ -6,7 +6,9 @@ float16 until the gate's check on the tuning images gives the verdict the gate w
 region -- output or part -- that loses most).  Every layer is rolled back on trial and kept only if it brings the
 steering figure (the metric's low-variance measure of INT8 against FP32, ``evaluation.steering``) at least
 ``steering.MIN_GAIN`` better (``improves``); otherwise it is put back and the next one tried
-(``quantization.fallback.roll_back``): no layer whose roll-back did not help is shipped in float16.
+(``quantization.fallback.roll_back``): no layer whose roll-back did not help is shipped in float16.  Where the
+release prices the distance from the float16 floor (``evaluation.max_vs_float16``), an unhelpful layer stays on
+trial with the next instead, until those tried help together (``walks_on``).
 
 The tuning images are never the gate's (``tuning_and_gate_sets``): by default images of ``calibration.data_dir``
 beyond the calibration sample, the gate judging every held-out image; ``evaluation.tune_dir`` when given (an image
@@ -235,6 +237,17 @@ def per_mac(analysis: dict, macs: dict[str, int]) -> list[str]:
     return sorted(analysis["ranking"], key=lambda n: (-cost(n), order[n]))
 
 
+def walks_on(cfg) -> bool:
+    """Whether the roll-back keeps an unhelpful layer on trial with the next (``roll_back``'s ``grow``) instead of
+    putting it back: where the release prices the distance from the float16 floor (``evaluation.max_vs_float16``).
+    It has said how many layers it will pay (``max_fallback``), and where a few images carry the noise (a softmax
+    near its decision) no single layer more in float16 may read better while several together do.  One at a time,
+    with ``max_vs_float16 = 2``, PP-OCR's direction classifier tried each of its 37 INT8 layers and kept two, at 11x
+    float16's noise on the tuning images; PP-LCNet's orientation classifier stopped after three misses in a row at
+    58x, with 22 of its layers never tried."""
+    return cfg.evaluation.max_vs_float16 is not None
+
+
 def fallback_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, aipp_dir: Path | None,
                    sensitivity: dict | None, first: dict | None = None) -> dict:
     """``first``: the check on the tuning images of the parameters in ``params_dir``, where one was made (the
@@ -263,7 +276,8 @@ def fallback_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, aipp_dir:
         qp, steps = roll_back(qp, sensitivity["ranking"], check, q.max_fallback, m.step_keys,
                               rerank=focus_ranking(sensitivity, m, names, macs_by_node(folded)),
                               settled=lambda report, looks: tuning_settled(report, on_undecided, len(judge), looks),
-                              improves=improves, first=first, looks=first.get("looks", 1) if first else 0)
+                              improves=improves, first=first, looks=first.get("looks", 1) if first else 0,
+                              grow=walks_on(cfg))
         final = next(st for st in reversed(steps) if not st.get("undone"))
         result = {"mode": "auto", "metric": m.name, "max_fallback": q.max_fallback, "steps": steps,
                   "float_ops": final["float_ops"], "passed": final["passed"],
@@ -281,7 +295,8 @@ def fallback_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, aipp_dir:
                       f"{d['int8_mac_share']:.1%} of the multiply-adds" if d and "int8_mac_share" in d else "")
             print(f"fallback step {i}: {st['int8_ops']} INT8 ops, {m.step_line(st)}{steer} {verdict}; "
                   f"in float16: {names}"
-                  + ("; did not help: its last layer is put back" if st.get("undone") else ""))
+                  + ("; did not help yet: its last layer stays on trial with the next" if st.get("grows") else
+                     "; did not help: its last layer is put back" if st.get("undone") else ""))
     qp.save(kdir)
     write_json(kdir / FALLBACK_JSON, result)
     return result

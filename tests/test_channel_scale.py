@@ -182,3 +182,22 @@ def test_the_scales_are_in_every_deploy_graph_and_survive_a_save(tmp_path, point
     floating = quantized_graph(g, back.only([]))
     assert "Mul" in [n.op for n in floating.nodes] and "Quant" not in [n.op for n in floating.nodes]
     assert _sqnr(fp, Emulator(floating).logits(x16)) > 50
+
+
+def test_a_layer_the_fallback_leaves_in_float16_drops_its_scales_and_computes_as_the_float16_path():
+    from dataclasses import replace
+
+    g = pair_net("HSwish")
+    qp = calibrate(g, images(1, spread=False), "minmax", channel_scale=True)
+    assert set(qp.channel_scales) == {"dw"}
+    back = qp.without(["dw", "c1"], "rolled back")
+    assert back.channel_scales == {} and {f.node for f in back.float16} >= {"dw", "c1"}
+    graph = quantized_graph(g, back)
+    assert [n.op for n in graph.nodes if n.op in ("Mul", "Quant")] == []
+    x16 = images(4, 1, spread=False)[0].astype(np.float16)
+    float16_path = quantized_graph(g, replace(qp, ops=[], channel_scales={}))   # no INT8, the network's weights
+    np.testing.assert_array_equal(Emulator(graph).logits(x16), Emulator(float16_path).logits(x16))
+    # where the recovery rewrote the layer's float weights on the scaled graph, its scales stay with them
+    kept = replace(qp, float_weights={"dw": {"weight": channel_scale.apply(g, qp.channel_scales).initializers[
+        "dw:channel_scaled_weight"]}}).without(["dw"], "rolled back")
+    assert set(kept.channel_scales) == {"dw"}

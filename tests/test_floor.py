@@ -119,6 +119,15 @@ def test_the_distance_failing_reranks_by_fidelity_per_mac():
     assert rerank({"failures": ["drop"], "outputs": []}) == ["big", "small"]   # no limit on the distance: by harm
 
 
+def test_a_release_pricing_the_distance_keeps_unhelpful_layers_on_trial_with_the_next():
+    from types import SimpleNamespace
+
+    from tasks.fallback import walks_on
+
+    assert walks_on(SimpleNamespace(evaluation=SimpleNamespace(max_vs_float16=2.0)))
+    assert not walks_on(SimpleNamespace(evaluation=SimpleNamespace(max_vs_float16=None)))
+
+
 def test_multiply_adds_of_convolutions_and_matrix_products():
     graph = fold_for_quantization(read_onnx(head_detector()))
     nodes = quantizable_nodes(graph)

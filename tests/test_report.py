@@ -293,6 +293,10 @@ def test_a_step_put_back_is_marked_and_the_tuning_figure_is_the_kept_steps(tmp_p
     rows = rep.sections["fallback"]["rows"]
     assert rows[3][1].startswith("Default/block6") and "put back" not in rows[3][1]
     assert rows[4][1].endswith("(tried: no closer to passing, its last layer put back)")
+    grown = steps[:-1] + [dict(steps[-1], grows=True)]   # a release pricing the distance: kept on trial instead
+    rows = Report(render("m", gate_report(), sensitivity(), {}, {"mode": "auto", "steps": grown})).sections[
+        "fallback"]["rows"]
+    assert rows[4][1].endswith("(tried: no closer to passing yet, its last layer on trial with the next)")
     cfg = type("Cfg", (), {"path": staticmethod(lambda p: tmp_path / p), "evaluation": type("E", (), {
         "tune_dir": None, "tune_from": "held_out", "metric": "top1"})()})()
     record = {"mode": "auto", "metric": "top1", "steps": steps, "tuning": {"source": "s", "images": 3, "names": []}}

@@ -181,6 +181,39 @@ def test_the_roll_back_stops_after_patience_unhelpful_trials_in_a_row():
     assert len(steps) == 4 and all(s["undone"] for s in steps[1:]) and len(selected.ops) == 6
 
 
+def _paired_check(limit: float = 0.005, width: float = 0.002):
+    """n0 and n1 carry the error together (their errors cancel in part): n0 alone in float16 reads worse, n1
+    alone a little better but not enough to count, both together clean."""
+    table = {(False, False): 0.02, (True, False): 0.03, (False, True): 0.0199, (True, True): 0.0}
+
+    def check(qp):
+        int8 = {q.node for q in qp.ops}
+        err = table[("n0" not in int8, "n1" not in int8)]
+        low, high = err - width, err + width
+        verdict = PASS if high <= limit else FAIL if low > limit else UNDECIDED
+        return {"passed": verdict == PASS, "verdict": verdict, "error": err,
+                "figures": [{"value": err, "low": low, "high": high, "limit": limit, "kind": "max", "gated": True}],
+                "steering": {"figure": "error", "value": err, "error": err}}
+    return check
+
+
+def test_growing_keeps_layers_that_help_only_together_and_never_ships_ones_that_do_not():
+    ranking = ["n0", "n1", "n2", "n3", "n4", "n5"]
+    kw = dict(fields=("error",), settled=lambda r, _looks: settled(r["verdict"], "fail"), improves=improves)
+    # one at a time: n0 worse, n1 and n2 no better, three misses end it with nothing in float16
+    selected, steps = roll_back(_qparams(), ranking, _paired_check(), max_ops=5, **kw)
+    assert len(selected.ops) == 6 and all(s.get("undone") and not s.get("grows") for s in steps[1:])
+    # growing: n0 stays on trial, n0 + n1 together pass, and both are kept
+    selected, steps = roll_back(_qparams(), ranking, _paired_check(), max_ops=5, grow=True, **kw)
+    assert [[f["node"] for f in s["float_ops"]] for s in steps] == [[], ["n0"], ["n0", "n1"]]
+    assert steps[1]["undone"] and steps[1]["grows"] and not steps[2].get("undone") and steps[2]["passed"]
+    assert sorted(q.node for q in selected.ops) == ["n2", "n3", "n4", "n5"]
+    # layers that never help, together or not, are not shipped; max_ops bounds the walk
+    selected, steps = roll_back(_qparams(), ["n2", "n3", "n4", "n5"], _paired_check(), max_ops=3, grow=True, **kw)
+    assert [len(s["float_ops"]) for s in steps] == [0, 1, 2, 3] and all(s["grows"] for s in steps[1:])
+    assert len(selected.ops) == 6
+
+
 def test_each_check_of_the_roll_back_is_counted_from_the_checks_made_before_it():
     """The recovery's two checks come first; the roll-back's step 0 takes the last of them, each trial one more."""
     seen = []

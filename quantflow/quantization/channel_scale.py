@@ -27,8 +27,9 @@ float32).
 On the device: ``Mul`` (a float16 element-wise op, as every float op between quantized ops) -> AscendQuant ->
 the int8 cube -> AscendDequant.  The Mul sits before the Quant, so CANN's Conv2D quant pass still sees
 AscendQuant -> Conv2D adjacent and sets the cube's offset_x (``quantization.device_rules``); the cost is one
-element-wise op per scaled layer.  The Mul stays where its layer is later left in float16 (the divided float
-weights are the graph's from then on, ``QuantParams.apply``).
+element-wise op per scaled layer.  A layer the fallback leaves in float16 drops its scales
+(``QuantParams.without``) and computes as in the float16-only path, unless the recovery rewrote its float weights on
+the scaled graph; elsewhere (``QuantParams.only``, the per-layer analysis) the Mul stays with the divided weights.
 """
 from __future__ import annotations
 

@@ -125,11 +125,16 @@ class QuantParams:
     channel_scales: dict[str, np.ndarray] = field(default_factory=dict)
 
     def without(self, nodes, reason: str) -> "QuantParams":
-        """These parameters with the INT8 ops of ``nodes`` left in float16 for ``reason``."""
+        """These parameters with the INT8 ops of ``nodes`` left in float16 for ``reason``.  Such a layer drops its
+        input channel scales too (``channel_scale``: there for INT8's one step per tensor, in float16 a Mul and
+        divided weights that only add rounding), so that it computes as in the float16-only path; not where the
+        recovery rewrote its float weights, which were computed on the scaled graph."""
         drop = set(nodes)
         return replace(self, ops=[q for q in self.ops if q.node not in drop],
                        float16=self.float16 + [Float16Op(q.node, q.scope, q.op, q.input, reason)
-                                               for q in self.ops if q.node in drop])
+                                               for q in self.ops if q.node in drop],
+                       channel_scales={k: v for k, v in self.channel_scales.items()
+                                       if k not in drop or k in self.float_weights})
 
     def only(self, nodes) -> "QuantParams":
         """These parameters with only the INT8 ops of ``nodes`` (the others as in the float graph), keeping the

@@ -220,7 +220,9 @@ def render(title: str, gate: dict, sensitivity: dict | None, histograms: dict, f
                           "fallback steps"))
         head, rows = m.steps_table(steps)
         for row, st in zip(rows, steps):   # column 1: the layers in float16 at that step
-            if st.get("undone"):
+            if st.get("grows"):
+                row[1] = f"{row[1]} (tried: no closer to passing yet, its last layer on trial with the next)"
+            elif st.get("undone"):
                 row[1] = f"{row[1]} (tried: no closer to passing, its last layer put back)"
         if any(st.get("steering") for st in steps):   # what the fallback steered by (evaluation.steering)
             head = [*head, "steering figure"]
