@@ -7,7 +7,9 @@
 The real models of docs/onnx-models.md (``benchmarks.peers.MODELS``; install the wheels as it says), each on
 seeded synthetic calibration and held-out images (``benchmarks.peers.write_project``), gated as ``quantflow init``
 proposes (``real_gates.init_evaluation``).  Every method builds with ``quantization.fallback = "off"``: every op
-the device runs in INT8 stays INT8, so the methods compare at the same INT8 share of the multiply-adds.  Per build
+the device runs in INT8 stays INT8, so the methods compare at the same INT8 share of the multiply-adds.  One does not:
+``fallback to 2x float16`` (``evaluation.max_vs_float16 = 2``, ``max_fallback = 64``) buys the distance back with
+float16 layers, and its cell shows the INT8 share it kept.  Per build
 (``quantflow build <method>.toml gate``, one at a time under ``nice``), from accuracy_report.json: the outcomes
 INT8 changes against FP32 on the held-out images, those the float16-only path changes, the ratio with its
 interval (``distance``), INT8's MAC share, the verdict, the build's wall time.
@@ -23,13 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import tomllib
 from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.peers import MODELS, write_project
 from benchmarks.real_gates import Case, init_evaluation, run_build, toml_text
+from benchmarks.rows import Rows, chosen, workdir
 
 # the seven real models of issue 43 (and the image kinds real_gates measured them on); the calibration folder holds
 # the sample and, beyond it, the images the recovery's check tunes on (the fallback is off: nothing else does)
@@ -54,6 +56,10 @@ METHODS = {
     "percentile": {"calibration": {"method": "percentile"}},
     "kl": {"calibration": {"method": "kl"}},
     "no channel scales": {"quantization": {"channel_scale": False}},
+    # issue 43's release setting: the fallback buys the distance back, layers taken by fidelity per multiply-add,
+    # until INT8 changes at most twice the float16-only path's outcomes on the tuning images (the gate judges it too)
+    "fallback to 2x float16": {"quantization": {"fallback": "auto", "max_fallback": 64},
+                               "evaluation": {"max_vs_float16": 2}},
 }
 
 
@@ -96,7 +102,9 @@ def figures(res: dict) -> dict:
                         for f in rep.get("figures", []) if f.get("gated", True)]}
 
 
-def cell(r: dict | None) -> str:
+def cell(r: dict | None, share: float | None = None) -> str:
+    """A build's changed outcomes (ratio [interval]) and verdict; its INT8 MAC share where it differs from
+    ``share`` (the row's: a method that rolls layers back to float16)."""
     if r is None:
         return "-"
     if "stopped" in r:
@@ -104,7 +112,9 @@ def cell(r: dict | None) -> str:
     if r.get("int8_changed") is None:
         return f"{r['verdict']} (no floor)"
     iv = f" [{r['low']:.2g}, {r['high']:.2g}]" if r.get("low") is not None else ""
-    return f"{r['int8_changed']:g} ({r['ratio']:.3g}x{iv}) {r['verdict']}, {r['seconds']:.0f} s"
+    macs = r.get("int8_mac_share")
+    at = f" at {macs:.1%} INT8 MACs" if macs is not None and share is not None and abs(macs - share) > 1e-9 else ""
+    return f"{r['int8_changed']:g} ({r['ratio']:.3g}x{iv}){at} {r['verdict']}, {r['seconds']:.0f} s"
 
 
 def format_table(rows: list[dict], methods: list[str]) -> str:
@@ -113,11 +123,14 @@ def format_table(rows: list[dict], methods: list[str]) -> str:
     lines = ["| model (held-out images) | float16-only changes | INT8 MACs | " + " | ".join(methods) + " |",
              "|---|---|---|" + "---|" * len(methods)]
     for c in cases:
-        any_r = next((by[(c, m)] for m in methods if (c, m) in by and "stopped" not in by[(c, m)]), None)
+        # the row's MAC share: a build with every INT8 op the device runs in INT8 (the fallback off), where one is
+        any_r = next((by[(c, m)] for m in sorted(methods, key=lambda m: "fallback" in METHODS.get(m, {}).get(
+            "quantization", {})) if (c, m) in by and "stopped" not in by[(c, m)]), None)
         f16 = f"{any_r['float16_changed']:g} {any_r['unit']}" if any_r and any_r.get("unit") else "-"
         share = f"{any_r['int8_mac_share']:.1%}" if any_r and any_r.get("int8_mac_share") is not None else "-"
         n = any_r.get("images") if any_r else "?"
-        lines.append(f"| {c} ({n}) | {f16} | {share} | " + " | ".join(cell(by.get((c, m))) for m in methods) + " |")
+        lines.append(f"| {c} ({n}) | {f16} | {share} | " + " | ".join(
+            cell(by.get((c, m)), any_r and any_r.get("int8_mac_share")) for m in methods) + " |")
     return "\n".join(lines)
 
 
@@ -131,25 +144,18 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("floor_methods.md"))
     ap.add_argument("--json", type=Path, default=Path("floor_methods.json"))
     a = ap.parse_args(argv)
-    names = [n for n in a.models.split(",") if n]
-    methods = [m for m in a.methods.split(",") if m]
-    for given, known, flag in ((names, CASES, "--models"), (methods, METHODS, "--methods")):
-        bad = [n for n in given if n not in known]
-        if bad:
-            raise SystemExit(f"{flag}: unknown {', '.join(bad)}; known: {', '.join(known)}")
-    rows = json.loads(a.json.read_text()) if a.json.is_file() else []
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = (a.workdir or Path(tmp)).resolve()
+    names, methods = chosen(a.models, CASES, "--models"), chosen(a.methods, METHODS, "--methods")
+    results = Rows(a.json, ("case", "method", "seed"))
+    with workdir(a.workdir) as work:
         for name in names:
             case = replace(CASES[name], **({"evals": a.evals} if a.evals else {}))
-            for method, toml in projects(name, case, workdir / name, methods, a.seed).items():
+            for method, toml in projects(name, case, work / name, methods, a.seed).items():
                 print(f"{name}: {method} ...", flush=True)
                 row = {"case": name, "model": case.model, "method": method, "seed": a.seed,
                        **figures(run_build(toml))}
-                rows = [r for r in rows if (r["case"], r["method"], r.get("seed", 0)) != (name, method, a.seed)]
-                rows.append(row)
-                a.json.write_text(json.dumps(rows, indent=1, default=str))
+                results.put(row)
                 print(f"  {cell(row)}", flush=True)
+    rows = results.rows
     shown = [m for m in METHODS if any(r["method"] == m for r in rows)]
     a.out.write_text(format_table(rows, shown) + "\n")
     print(format_table(rows, shown))

@@ -39,13 +39,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmarks.peers import MODELS, ROOT, toml_value, write_project
+from benchmarks.rows import Rows, chosen, workdir
 from quantflow.quantization.recovery.measure import GUARD
 
 
@@ -273,27 +273,22 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("real_gates.md"))
     ap.add_argument("--json", type=Path, default=Path("real_gates.json"))
     a = ap.parse_args(argv)
-    names = [n for n in a.models.split(",") if n]
-    unknown = [n for n in names if n not in CASES]
-    if unknown:
-        raise SystemExit(f"--models: unknown {', '.join(unknown)}; known: {', '.join(CASES)}")
-    rows = json.loads(a.json.read_text()) if a.json.is_file() else []
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = (a.workdir or Path(tmp)).resolve()
+    names = chosen(a.models, CASES, "--models")
+    results = Rows(a.json, ("case", "recover", "seed"))
+    with workdir(a.workdir) as work:
         for name in names:
             case = replace(CASES[name], **{k: v for k, v in (("evals", a.evals), ("calib", a.calib)) if v})
             for recover in [*(r for r in RECOVER if r in a.recover.split(",")),
                             *(["auto + [retrain]"] if a.retrain else [])]:
-                toml, evaluation = project(name, case, workdir / name, *BUILDS[recover][:1], a.max_fallback, a.seed,
+                toml, evaluation = project(name, case, work / name, *BUILDS[recover][:1], a.max_fallback, a.seed,
                                            BUILDS[recover][1])
                 print(f"{name}: recover = {recover} ...", flush=True)
                 res = run_build(toml)
-                row = {"case": name, "model": case.model, "wheel": MODELS[case.model].wheel, "recover": recover,
-                       "calibration_images": case.calib, "held_out_images": case.evals, "seed": a.seed,
-                       "max_fallback": a.max_fallback, "evaluation": evaluation, **res}
-                rows = [r for r in rows if (r["case"], r["recover"], r.get("seed", 0)) != (name, recover, a.seed)] + [row]
-                a.json.write_text(json.dumps(rows, indent=1, default=str))
+                results.put({"case": name, "model": case.model, "wheel": MODELS[case.model].wheel, "recover": recover,
+                          "calibration_images": case.calib, "held_out_images": case.evals, "seed": a.seed,
+                          "max_fallback": a.max_fallback, "evaluation": evaluation, **res})
                 print(f"  exit {res['exit']} in {res['seconds']:.0f} s", flush=True)
+    rows = results.rows
     a.out.write_text(format_table(rows) + "\n")
     print(format_table(rows))
     return 0

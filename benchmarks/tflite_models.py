@@ -48,6 +48,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.rows import chosen
+
 ROOT = Path(__file__).resolve().parent.parent
 MEDIAPIPE = "0.10.14"            # its wheels hold mediapipe/modules/*.tflite (1.2.3's hold none)
 # the converter's venv (--make-converter): tf2onnx 1.17.0 is tested with TensorFlow 2.13-2.15 and numpy < 2
@@ -289,10 +291,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("tflite_models.md"))
     ap.add_argument("--json", type=Path, default=Path("tflite_models.json"))
     a = ap.parse_args(argv)
-    names = [n for n in a.models.split(",") if n]
-    unknown = [n for n in names if n not in CASES]
-    if unknown:
-        raise SystemExit(f"--models: unknown {', '.join(unknown)}; known: {', '.join(CASES)}")
+    names = chosen(a.models, CASES, "--models")
     if a.make_converter:
         make_converter(a.converter_python)
     if not a.converter_python.exists():

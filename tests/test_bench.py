@@ -49,3 +49,20 @@ def test_benchmark_builds_both_sides_and_reports_every_figure(tmp_path):
     stages = bench.format_stages([row])   # the stages of 0.05 s or more: the gate renders its report
     assert "digits (32x32) quantflow: " in stages and " gate " in stages
     json.dumps(row)   # --json writes it
+
+
+def test_a_rerun_replaces_its_own_builds_rows_and_keeps_the_others(tmp_path):
+    from benchmarks.rows import Rows, chosen
+
+    path = tmp_path / "rows.json"
+    first = Rows(path, ("case", "method", "seed"))
+    first.put({"case": "a", "method": "default", "seed": 0, "value": 1})
+    first.put({"case": "b", "method": "default", "value": 2})            # a row from before seeds were recorded
+    again = Rows(path, ("case", "method", "seed"))
+    again.put({"case": "b", "method": "default", "seed": 0, "value": 3})
+    again.put({"case": "a", "method": "default", "seed": 1, "value": 4})   # another draw: a row of its own
+    assert [(r["case"], r.get("seed"), r["value"]) for r in json.loads(path.read_text())] == [
+        ("a", 0, 1), ("b", 0, 3), ("a", 1, 4)]
+    assert chosen("a,,b", {"a": 1, "b": 2}, "--models") == ["a", "b"]
+    with pytest.raises(SystemExit, match="--models: unknown c; known: a, b"):
+        chosen("a,c", {"a": 1, "b": 2}, "--models")
