@@ -51,7 +51,7 @@ def _checks(cfg) -> bool:
 def recover_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, calibration_paths: list[Path],
                   aipp_dir: Path | None = None) -> dict:
     from quantflow.quantization.passes import fold_for_quantization
-    from quantflow.quantization.recovery import CHEAP, COSTLY, Context, recover
+    from quantflow.quantization.recovery import CHEAP, COSTLY, Context, new_record, recover
     from quantflow.quantization.recovery.report import text_table
 
     from .fallback import MIN_TUNING_IMAGES, recovery_tuning_set, tuning_and_gate_sets, tuning_settled
@@ -68,8 +68,9 @@ def recover_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, calibra
     graph = fold_for_quantization(raw)
     inputs = [np.asarray(x) for x in image_batches(cfg, calibration_paths[:q.recovery_images], k.batch_size)]
     auto = q.recover == "auto"
-    tune = recovery_tuning_set(cfg) if auto and _checks(cfg) else None
-    if auto and _checks(cfg) and tune is None:
+    checks = _checks(cfg)   # "auto" and a folder to draw tuning images from
+    tune = recovery_tuning_set(cfg) if checks else None
+    if checks and tune is None:
         print(f"recovery: fewer than {MIN_TUNING_IMAGES} images of {cfg.calibration.data_dir} beyond the calibration "
               f"sample to check on: equalization of the tensors INT8 starves only (leave more of the folder out of "
               f"calibration.count, or give evaluation.tune_dir)")
@@ -84,9 +85,8 @@ def recover_stage(cfg, kdir: Path, calibrate_dir: Path, graph_dir: Path, calibra
         check = _tuning_check(cfg, raw, graph, aipp_dir, tune)
         first = last = check(qp)
         gate_images = len(tuning_and_gate_sets(cfg)[1])
-        record = {"layers": {x.node: {"scope": x.scope} for x in qp.ops}, "steps": [],
-                  "check": {"passed": bool(first["passed"]), "verdict": first["verdict"], "ops": len(qp.ops),
-                            "images": len(tune)}}
+        record = {**new_record(qp), "check": {"passed": bool(first["passed"]), "verdict": first["verdict"],
+                                              "ops": len(qp.ops), "images": len(tune)}}
         fails = not tuning_settled(first, cfg.evaluation.on_undecided, gate_images, 1)
         print(f"recovery: the check on {len(tune)} tuning images is {first['verdict']}; {', '.join(CHEAP + COSTLY)}, "
               "each " + ("kept unless it harms there, before any fallback" if fails else
@@ -126,8 +126,7 @@ def costly_checked(qp, record: dict, last: dict, methods, run, check, on_undecid
         if qp is before:
             continue
         guard_after = record["steps"][-1].get("after", {}).get(GUARD)
-        learned = (tuning_settled(last, on_undecided) and None not in (guard_before, guard_after)
-                   and guard_after < guard_before)
+        learned = tuning_settled(last, on_undecided) and _farther(guard_before, guard_after)
         if not learned:   # where the recovery images already say no, costly_kept needs no check to say it
             again = check(qp)
             made += 1
@@ -171,9 +170,14 @@ def costly_kept(first: dict, again: dict, on_undecided: str, guard_before: float
     from .fallback import improves, tuning_settled
 
     if tuning_settled(first, on_undecided):
-        learned_worse = guard_before is not None and guard_after is not None and guard_after < guard_before
-        return improves(again, first) and not learned_worse
+        return improves(again, first) and not _farther(guard_before, guard_after)
     return tuning_settled(again, on_undecided) or not improves(first, again)
+
+
+def _farther(guard_before: float | None, guard_after: float | None) -> bool:
+    """Whether the recovery images a method learned from see INT8 farther from FP32 after it (the guard's figure
+    lower); not where either figure is missing."""
+    return guard_before is not None and guard_after is not None and guard_after < guard_before
 
 
 def undo(record: dict, ran: int, by: str = "tuning check") -> None:
@@ -257,10 +261,10 @@ def _key_inputs(b) -> dict:
         from .fallback import evaluation_inputs, recovery_tuning_folder
 
         c = b.cfg.model_dump(mode="json")
+        folder = recovery_tuning_folder(b.cfg)
         key.update(evaluation=c["evaluation"], **evaluation_inputs(b.cfg), normalization=c["normalization"],
                    num_classes=b.cfg.model.num_classes, fallback=q.fallback,
-                   recovery_tune_data=folder_digest(b.cfg.path(recovery_tuning_folder(b.cfg)), IMAGE_EXTS)
-                   if recovery_tuning_folder(b.cfg) else None)
+                   recovery_tune_data=folder_digest(b.cfg.path(folder), IMAGE_EXTS) if folder else None)
     return key
 
 

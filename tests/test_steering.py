@@ -146,17 +146,19 @@ def test_a_top1_report_carries_its_steering_figure():
     assert r["steering"]["flip_rate"] == pytest.approx(1 - r["top1_agreement"])
 
 
+def _report(err: float, limit: float, width: float) -> dict:
+    """A check's report on an error: the gate's figure an error below ``limit`` with an interval of ``width``
+    around it, the steering figure the error itself."""
+    low, high = err - width, err + width
+    verdict = PASS if high <= limit else FAIL if low > limit else UNDECIDED
+    return {"passed": verdict == PASS, "verdict": verdict, "error": err,
+            "figures": [{"value": err, "low": low, "high": high, "limit": limit, "kind": "max", "gated": True}],
+            "steering": {"figure": "error", "value": err, "error": err}}
+
+
 def _check(costs: dict, limit: float, width: float = 0.002):
-    """A check whose error is the sum of the costs of the layers still INT8: the gate's figure an error below
-    ``limit`` with an interval of ``width`` around it, the steering figure the error itself."""
-    def check(qp):
-        err = sum(costs.get(q.node, 0.0) for q in qp.ops)
-        low, high = err - width, err + width
-        verdict = PASS if high <= limit else FAIL if low > limit else UNDECIDED
-        return {"passed": verdict == PASS, "verdict": verdict, "error": err,
-                "figures": [{"value": err, "low": low, "high": high, "limit": limit, "kind": "max", "gated": True}],
-                "steering": {"figure": "error", "value": err, "error": err}}
-    return check
+    """A check whose error is the sum of the costs of the layers still INT8 (``_report``)."""
+    return lambda qp: _report(sum(costs.get(q.node, 0.0) for q in qp.ops), limit, width)
 
 
 def test_several_layers_that_each_cost_a_little_are_all_found_and_none_that_does_not_help_is_kept():
@@ -188,12 +190,7 @@ def _paired_check(limit: float = 0.005, width: float = 0.002):
 
     def check(qp):
         int8 = {q.node for q in qp.ops}
-        err = table[("n0" not in int8, "n1" not in int8)]
-        low, high = err - width, err + width
-        verdict = PASS if high <= limit else FAIL if low > limit else UNDECIDED
-        return {"passed": verdict == PASS, "verdict": verdict, "error": err,
-                "figures": [{"value": err, "low": low, "high": high, "limit": limit, "kind": "max", "gated": True}],
-                "steering": {"figure": "error", "value": err, "error": err}}
+        return _report(table[("n0" not in int8, "n1" not in int8)], limit, width)
     return check
 
 

@@ -81,6 +81,11 @@ CHEAP = tuple(m.name for m in METHODS.values() if m.cheap)
 COSTLY = tuple(m.name for m in METHODS.values() if not m.cheap)
 
 
+def new_record(qp: QuantParams) -> dict:
+    """An empty recovery record for ``qp``: its INT8 layers by node, no step yet."""
+    return {"layers": {q.node: {"scope": q.scope} for q in qp.ops}, "steps": []}
+
+
 def recover(ctx: Context, qp: QuantParams, methods, guard: bool = False,
             record: dict | None = None) -> tuple[QuantParams, dict]:
     """(the recovered parameters, the record): ``methods`` (names in ``METHODS``) run in order on ``qp``.  The
@@ -88,7 +93,7 @@ def recover(ctx: Context, qp: QuantParams, methods, guard: bool = False,
     and the network's (none where no method changed anything: then no emulation runs); ``guard``: a method that
     lowers the least SQNR of ``ctx.regions`` (``measure.GUARD``) is undone (``kept`` false).
     ``record``: an earlier record to continue (its last measurement is this ``qp``'s)."""
-    record = record or {"layers": {q.node: {"scope": q.scope} for q in qp.ops}, "steps": []}
+    record = record or new_record(qp)
     for name in methods:
         with progress(1, f"recovery: {name}") as bar:
             new, notes = METHODS[name].run(ctx, qp)
@@ -133,13 +138,9 @@ def _float_key(qp: QuantParams) -> str:
     """What ``measure.references`` depends on: the float weights, the channel scales, the INT8 ops (and their
     ReLU)."""
     h = hashlib.blake2b(repr([(q.node, q.relu) for q in qp.ops]).encode(), digest_size=16)
-    for name, arrays in sorted(qp.float_weights.items()):
-        for k in sorted(arrays):
-            a = np.ascontiguousarray(arrays[k])
-            h.update(f"{name}:{k}:{a.shape}:{a.dtype}".encode())
-            h.update(a.tobytes())
-    for name in sorted(qp.channel_scales):
-        a = np.ascontiguousarray(qp.channel_scales[name])
+    arrays = [(f"{name}:{k}", a) for name, ws in sorted(qp.float_weights.items()) for k, a in sorted(ws.items())]
+    for name, a in arrays + [(f"{name}:scale", a) for name, a in sorted(qp.channel_scales.items())]:
+        a = np.ascontiguousarray(a)
         h.update(f"{name}:{a.shape}:{a.dtype}".encode())
         h.update(a.tobytes())
     return h.hexdigest()
