@@ -278,16 +278,24 @@ def fallback_stage(cfg, kdir: Path, params_dir: Path, graph_dir: Path, aipp_dir:
                               settled=lambda report, looks: tuning_settled(report, on_undecided, len(judge), looks),
                               improves=improves, first=first, looks=first.get("looks", 1) if first else 0,
                               grow=walks_on(cfg))
+        for st in steps:   # the roll-back records each check's distance; which of them could not show the limit
+            u = floor.untellable(st.get("distance"), cfg.evaluation.max_vs_float16, cfg.evaluation.confidence)
+            if u:
+                st["untellable"] = u
         final = next(st for st in reversed(steps) if not st.get("undone"))
         result = {"mode": "auto", "metric": m.name, "max_fallback": q.max_fallback, "steps": steps,
                   "float_ops": final["float_ops"], "passed": final["passed"],
                   "tuning": {"source": source, "images": len(tune), "names": list(tune.names)}}
+        if final.get("untellable"):
+            result["untellable"] = final["untellable"]
         for i, st in enumerate(steps):
             names = ", ".join(f["scope"] for f in st["float_ops"]) or "none"
             steer = f", {steering_line(st['steering'])}" if st.get("steering") else ""
             verdict = st.get("verdict", "PASS" if st["passed"] else "FAIL")
             if verdict == "PASS" and not st["passed"]:
-                verdict += (" (not settled: its worst case, or the gate's own interval on its images"
+                verdict += (" (not settled: too few outcomes change on these images to show the limit)"
+                            if st.get("untellable") else
+                            " (not settled: its worst case, or the gate's own interval on its images"
                             + (f" with the margin of its check {st['looks']} of these images" if st.get("looks", 1) > 1
                                else "") + ", misses the limit)")
             d = st.get("distance")
@@ -308,13 +316,17 @@ def tuning_settled(report: dict, on_undecided: str, gate_images: int | None = No
     gate's limit (``steering.worst_case_settled``: top-1's flip rate); and, where the gate asks for a decided PASS
     (``evaluation.on_undecided = "fail"``) and judges ``gate_images``, the PASS it can expect there
     (``intervals.expected_pass``): a figure just inside its limit on the tuning images is UNDECIDED on the gate's.
-    ``looks``: the checks of these tuning images made so far, this one among them (the margin grows with them)."""
+    ``looks``: the checks of these tuning images made so far, this one among them (the margin grows with them).
+    Where a release set ``evaluation.max_vs_float16``, never while the images count too few outcomes to show it
+    (``floor.untellable``): the walk goes on, to ``max_fallback`` or the float16-only path."""
+    from quantflow.evaluation.floor import report_untellable
     from quantflow.evaluation.intervals import expected_pass, settled
     from quantflow.evaluation.steering import worst_case_settled
 
     expected = (on_undecided != "fail" or not gate_images or "figures" not in report
                 or expected_pass(report["figures"], report.get("images", 0), gate_images, looks))
-    return settled(report["verdict"], on_undecided) and worst_case_settled(report, on_undecided) and expected
+    return (settled(report["verdict"], on_undecided) and worst_case_settled(report, on_undecided) and expected
+            and report_untellable(report) is None)
 
 
 def improves(report: dict, before: dict) -> bool:
@@ -350,8 +362,13 @@ def _run(b) -> None:
         print("quantization.fallback = off: every calibrated op stays INT8")
     else:
         names = ", ".join(f["scope"] for f in result["float_ops"]) or "none"
-        print(f"fallback: {len(result['float_ops'])} op(s) rolled back to float16 ({names}); "
-              f"{'passes' if result['passed'] else 'still fails'} the accuracy check on the tuning images")
+        status = ("passes the accuracy check on the tuning images" if result["passed"] else
+                  "the tuning images cannot show evaluation.max_vs_float16" if result.get("untellable") else
+                  "still fails the accuracy check on the tuning images")
+        print(f"fallback: {len(result['float_ops'])} op(s) rolled back to float16 ({names}); {status}")
+        if result.get("untellable"):
+            from quantflow.evaluation.floor import untellable_line
+            print(f"fallback: {untellable_line(result['untellable'])}")
 
 
 def evaluation_inputs(cfg) -> dict:

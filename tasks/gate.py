@@ -168,6 +168,7 @@ def write_draws(path: Path, draws: dict) -> None:
 
 def _tuning(cfg, fallback: dict, ev) -> dict | None:
     """The fallback's tuning images and the figure of the step it kept, checked apart from the gate's images ``ev``."""
+    from quantflow.evaluation.floor import untellable_line
     from quantflow.evaluation.metrics import metric
     from quantflow.evaluation.runs import shared_images
 
@@ -185,7 +186,8 @@ def _tuning(cfg, fallback: dict, ev) -> dict | None:
     return {"source": t["source"], "images": t["images"], "passed": last["passed"],
             "verdict": last.get("verdict", "PASS" if last["passed"] else "FAIL"),
             "figure": metric(fallback.get("metric", cfg.evaluation.metric)).step_line(last),
-            **({"steering": last["steering"]} if last.get("steering") else {})}
+            **({"steering": last["steering"]} if last.get("steering") else {}),
+            **({"untellable": untellable_line(fallback["untellable"])} if fallback.get("untellable") else {})}
 
 
 EASIER = 3.0   # the steering error on the gate's images over that on the tuning images that the report points out

@@ -88,6 +88,43 @@ def test_without_the_limit_the_distance_is_reported_not_gated():
                                                   "float16-only path 0: 10x")
 
 
+def test_a_poisson_counts_upper_end_is_garwoods():
+    # the chi-square form, chi2.ppf(0.975, 2k + 2) / 2, as published (Garwood 1936; e.g. 3.689 for 0, 5.572 for 1)
+    for k, upper in ((0, 3.6889), (1, 5.5716), (2, 7.2247), (5, 11.6683), (20, 30.8884)):
+        assert floor.count_upper(k, 0.95) == pytest.approx(upper, abs=1e-3)
+    assert floor.count_upper(0, 0.90) == pytest.approx(-np.log(0.05), abs=1e-6)
+    assert 600 < floor.count_upper(600, 0.95) < 660
+
+
+def test_too_few_changed_outcomes_cannot_show_the_release_limit():
+    """64 tuning images on which INT8 changes no class and float16 one: the bootstrap reads a ratio of 0, PASS; but
+    a count seen as none may stand for 3.7, so 2x cannot be shown there until float16 changes 2 or more.  The
+    stopping rule of the fallback then walks on."""
+    from tasks.fallback import tuning_settled
+
+    fp, _, labels = classifier(n=64)
+    _, one, _ = classifier(n=64, flips=1)
+    cfg = limits(max_vs_float16=2.0)
+    mac = {"share": 0.8, "int8_macs": 4, "macs": 5}
+    report = floor.with_floor(judged(fp, fp, labels, cfg), judged(fp, one, labels, cfg), labels, cfg, mac)
+    assert report["verdict"] == "PASS" and report["distance"]["ratio"] == 0.0
+    u = floor.report_untellable(report)
+    assert u == {"unit": "classes", "images": 64, "float16_changed": 1.0, "limit": 2.0, "float16_needed": 2,
+                 "images_needed": 128}
+    assert "about 128 images like them" in floor.untellable_line(u)
+    assert not tuning_settled(report, "warn")
+    # float16 changing two: the images can show 2x, and the bootstrap's PASS stands
+    _, two, _ = classifier(n=64, flips=2)
+    enough = floor.with_floor(judged(fp, fp, labels, cfg), judged(fp, two, labels, cfg), labels, cfg, mac)
+    assert floor.report_untellable(enough) is None and tuning_settled(enough, "warn")
+    # the float16-only path itself (no INT8 op), a looser limit, no limit: nothing to show
+    assert floor.untellable(report["distance"] | {"int8_mac_share": 0.0}, 2.0, 0.95) is None
+    assert floor.untellable(report["distance"], 4.0, 0.95) is None
+    assert floor.untellable(report["distance"], None, 0.95) is None
+    none = floor.untellable(report["distance"] | {"float16_changed": 0.0}, 2.0, 0.95)
+    assert none["images_needed"] is None and "give evaluation.tune_dir more images" in floor.untellable_line(none)
+
+
 def test_a_roll_back_that_turns_decisions_back_helps_beyond_noise_only():
     def rep(flags):
         return {"changed": floor.changed_outcomes("strings", flags)}

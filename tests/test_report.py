@@ -518,6 +518,23 @@ def test_the_report_shows_the_fallback_figure_on_its_tuning_images_beside_the_ga
     assert "Tuned on 9 images (50% of each folder" in rep.text("fallback") and "judged 8 others" in rep.text("fallback")
 
 
+def test_the_report_says_where_the_tuning_images_could_not_show_the_release_limit():
+    from quantflow.evaluation import floor
+    from quantflow.report.text import format_table
+
+    said = floor.untellable_line({"unit": "boxes", "images": 64, "float16_changed": 1.0, "limit": 2.0,
+                                  "float16_needed": 2, "images_needed": 128})
+    gate = gate_report()
+    gate["tuning"] = {"source": "64 images of calibration.data_dir calib beyond the calibration sample", "images": 64,
+                      "passed": False, "verdict": "PASS", "figure": "f1 1.0000", "untellable": said}
+    fb = dict(fallback_record(), tuning={"source": gate["tuning"]["source"], "images": 64, "names": ["a.png"]})
+    rep = Report(render("m", gate, sensitivity(), {}, fb))
+    cells = {r[0]: r[1] for r in rep.sections["verdict"]["rows"][1:]}
+    assert cells["evaluation.max_vs_float16 not shown there"] == said
+    assert said.startswith("on 64 images the float16-only path changes 1 boxes, too few to show INT8 within 2x")
+    assert f"evaluation.max_vs_float16 could not be shown there: {said}" in format_table(gate)
+
+
 # ---------------------------------------------------------------------------------------- as a person sees it
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",

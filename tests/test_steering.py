@@ -375,6 +375,39 @@ def test_where_the_check_already_passes_a_costly_method_is_kept_only_where_it_br
     assert costly_kept(first, better, "fail", 25.5, 25.5) and not costly_kept(first, better, "fail", 25.5, 25.3)
 
 
+def test_the_recovery_keeps_the_same_methods_whatever_price_a_release_sets():
+    """With ``evaluation.max_vs_float16`` the checks carry the ratio's figure, which INT8 fails before the fallback
+    buys it back; the recovery judges the metric's own figures, so a method about as good as the parameters
+    before it is undone as in the build without the limit, not kept as where the task's own check fails."""
+    from quantflow.evaluation.floor import VS_FLOAT16, unpriced
+    from quantflow.evaluation.intervals import figure
+    from quantflow.evaluation.verdicts import rejudge
+    from tasks.recover import costly_checked
+
+    rng = np.random.default_rng(3)
+    labels = np.repeat(np.arange(3), 300)
+    fp = rng.normal(size=(900, 3)) + 12 * np.eye(3)[labels]
+    noise = rng.normal(0, 0.05, fp.shape)
+    scale = {"start": 1.0, "ranges": 1.01}
+
+    def priced(qp):   # the check with the release's price figure, which fails (13 changes where float16 makes 1)
+        r = _top1_check(fp, fp + scale[qp] * noise, labels)
+        r["figures"] = r["figures"] + [figure(VS_FLOAT16, VS_FLOAT16, "ratio", 13.0, 2.0, "max", [12.0, 13.0, 14.0],
+                                              900, 0.95)]
+        return rejudge(r)
+
+    def run(name, qp, record):
+        record["steps"].append({"method": name, "kept": True})
+        return name, record
+
+    first = priced("start")
+    assert first["verdict"] == FAIL and unpriced(first)["verdict"] == PASS
+    for check in (priced, lambda qp: unpriced(priced(qp))):
+        record = {"steps": []}
+        qp, record, _, made = costly_checked("start", record, check("start"), ("ranges",), run, check, "fail")
+        assert qp == "start" and made == 1 and record["steps"][0]["undone_by"] == "tuning check"
+
+
 def test_a_costly_method_the_recovery_images_call_worse_is_undone_where_the_check_passes():
     """adaround would help on the tuning images but lowers the guard's figure on the recovery images (25.5 -> 25.3
     dB): with a passing first check it is undone, by the recovery images, without a check of the tuning images;

@@ -20,6 +20,9 @@ too (``checker``), and the fallback rolls back what lowers INT8's changes most p
 """
 from __future__ import annotations
 
+import math
+from statistics import NormalDist
+
 import numpy as np
 
 from ..quantization.qparams import QuantParams
@@ -119,14 +122,21 @@ def with_floor(report: dict, floor: dict, labels, limits, mac: dict | None = Non
     return report
 
 
+def unpriced(report: dict) -> dict:
+    """``report`` judged on the metric's own figures: without the ratio's (``evaluation.max_vs_float16``), the
+    verdicts judged again; ``report`` itself where it has none.  A copy: ``report`` is left as it is."""
+    if not any(f.get("id") == VS_FLOAT16 for f in report.get("figures", [])):
+        return report
+    return rejudge(dict(report, figures=[f for f in report["figures"] if f["id"] != VS_FLOAT16]))
+
+
 def own_failure(m, report: dict) -> str | None:
     """Why the build fails: the metric's own reason on its own figures (``m.failure`` on the report without the
     ratio's figure), and the ratio's where it FAILs (or is UNDECIDED where ``evaluation.on_undecided = "fail"``)."""
-    vs = next((f for f in report.get("figures", []) if f["id"] == VS_FLOAT16), None)
+    vs = next((f for f in report.get("figures", []) if f.get("id") == VS_FLOAT16), None)
     if vs is None:
         return m.failure(report)
-    rest = dict(report, figures=[f for f in report["figures"] if f["id"] != VS_FLOAT16])
-    said = m.failure(rejudge(rest))
+    said = m.failure(unpriced(report))
     if vs["verdict"] == "FAIL" or (vs["verdict"] == "UNDECIDED" and report["on_undecided"] == "fail"
                                    and report["verdict"] != "FAIL"):
         d = report["distance"]
@@ -156,6 +166,67 @@ def checker(m, ev, limits, graph, folded, aipp_params: dict, names: dict | None 
 
     check.floor = floor
     return check
+
+
+def count_upper(k: float, confidence: float) -> float:
+    """The exact (Garwood) upper end, at two-sided ``confidence``, of the mean of a Poisson count observed as ``k``:
+    the mean under which ``k`` or fewer turn up with chance (1 - confidence) / 2 (at 95%: 3.69 for none, 5.57 for
+    one).  Above 500, the normal approximation."""
+    k = int(round(k))
+    tail = (1.0 - confidence) / 2.0
+    if k > 500:
+        z = NormalDist().inv_cdf(1.0 - tail)
+        return k + z * math.sqrt(k) + z * z
+
+    def at_most_k(mean: float) -> float:
+        term = total = math.exp(-mean)
+        for i in range(1, k + 1):
+            term *= mean / i
+            total += term
+        return total
+
+    lo, hi = float(k), k + 10.0 + 10.0 * math.sqrt(k + 1)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if at_most_k(mid) > tail else (lo, mid)
+    return hi
+
+
+def untellable(distance: dict | None, limit: float | None, confidence: float) -> dict | None:
+    """Where a check's images count too few outcomes to show its ratio (``distance``) within the release's
+    ``limit`` whatever INT8 does: float16's changed count (at least ``FLOOR``) times the limit under
+    ``count_upper(0)``, the most a count seen as none may stand for.  A bootstrap over the images cannot see it: in
+    every draw of 64 tuning images on which INT8 changed no box the ratio reads 0, a PASS that NudeNet's YOLOv8n did
+    not repeat on 400 held-out images (0 boxes on its tuning images; 11 where float16 changes 3 on the held-out
+    ones).  None without a limit, for noise energy, and where no INT8 op runs (the float16-only path: 1x by
+    construction); else the counts, with ``images_needed``: the images on which float16 would change enough at its
+    rate here (None where it changed none)."""
+    d = distance
+    if limit is None or not d or not d["counted"] or d.get("int8_mac_share", 1.0) == 0:
+        return None
+    upper = count_upper(0, confidence)
+    if limit * max(d["float16_changed"], FLOOR) >= upper:
+        return None
+    needed = math.ceil(upper / limit)
+    return {"unit": d["unit"], "images": d["images"], "float16_changed": d["float16_changed"], "limit": float(limit),
+            "float16_needed": needed, "images_needed": math.ceil(d["images"] * needed / d["float16_changed"])
+            if d["float16_changed"] > 0 else None}
+
+
+def report_untellable(report: dict) -> dict | None:
+    """``untellable`` of a check's report, by its ``VS_FLOAT16`` figure's limit and its bootstrap's confidence."""
+    vs = next((f for f in report.get("figures", []) if f.get("id") == VS_FLOAT16), None)
+    return untellable(report.get("distance"), vs and vs["limit"], report.get("bootstrap", {}).get("confidence", 0.95))
+
+
+def untellable_line(u: dict) -> str:
+    """``untellable``'s finding in one sentence."""
+    more = (f"about {u['images_needed']} images like them would show it (evaluation.tune_dir, or more of "
+            f"calibration.data_dir beyond the sample)" if u["images_needed"] else
+            "give evaluation.tune_dir more images (or more of calibration.data_dir beyond the sample)")
+    return (f"on {u['images']} images the float16-only path changes {_n(u['float16_changed'])} {u['unit']}, too few "
+            f"to show INT8 within {_n(u['limit'])}x of it whatever INT8 changes (at least {u['float16_needed']} "
+            f"needed): {more}")
 
 
 def fewer_changes(report: dict, before: dict, z: float = 1.645, min_gain: float = 0.05) -> bool:

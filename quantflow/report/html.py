@@ -57,6 +57,8 @@ def _verdict_rows(m, gate: dict) -> list[list]:
             ["fallback's figure on them", f"{t['figure']} ({t.get('verdict', 'PASS' if t['passed'] else 'FAIL')})"]]
         if t.get("note"):
             rows.append(["note", t["note"]])
+        if t.get("untellable"):
+            rows.append(["evaluation.max_vs_float16 not shown there", t["untellable"]])
     if gate.get("steering"):
         rows.append(["steering figure (INT8 against FP32)", steering_line(gate["steering"])])
     f16 = gate.get("float16")

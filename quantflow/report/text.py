@@ -32,6 +32,8 @@ def format_table(r: dict) -> str:
                     f"images it did not see")
         if t.get("note"):
             head.append(f"  note: {t['note']}")
+        if t.get("untellable"):
+            head.append(f"  evaluation.max_vs_float16 could not be shown there: {t['untellable']}")
     if r.get("steering"):
         head.append(f"  steering figure (INT8 against FP32, what the fallback steers by): "
                     f"{steering_line(r['steering'])}")
