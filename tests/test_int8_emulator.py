@@ -149,9 +149,26 @@ def test_ops_reading_one_tensor_share_its_observer(tmp_path):
     assert len(cal.tensors) == len(set(n.inputs[0] for n in cal.nodes)) <= len(cal.nodes)
     x = np.random.default_rng(5).normal(size=(8, 3, 16, 16)).astype(np.float32)
     cal.collect([x])
-    assert cal.images == 16  # two passes
+    assert cal.images == 8  # the histogram pass read the range pass's activations
     for t, (lo, hi) in cal.ranges("minmax").items():
         assert lo <= hi and cal.observers[t].count > 0
+
+
+def test_the_histogram_pass_sees_the_same_activations_kept_or_run_again(tmp_path, monkeypatch):
+    from quantflow.quantization import calibrater
+
+    graph = fold_for_quantization(read_mindir(nets.export(nets.ResNetStyle(), tmp_path / "r.mindir")))
+    batches = [np.random.default_rng(i).normal(size=(4, 3, 16, 16)).astype(np.float32) for i in range(3)]
+    kept = Calibrater(graph, rollback_small_channels=False)
+    kept.collect(batches)
+    monkeypatch.setattr(calibrater, "KEPT_BYTES", 0)   # nothing fits: the network runs again
+    again = Calibrater(graph, rollback_small_channels=False)
+    again.collect(batches)
+    assert (kept.images, again.images) == (12, 24) and len(kept.observers) > 3
+    for t, obs in kept.observers.items():
+        assert np.array_equal(obs.hist_signed, again.observers[t].hist_signed) and obs.hist_signed.sum() > 0
+        assert np.array_equal(obs.hist_abs, again.observers[t].hist_abs)
+    assert kept.ranges("mse") == again.ranges("mse")
 
 
 @pytest.mark.parametrize("name", ["ResNetStyle", "MobileNetV3Style", "DenseNetStyle", "ShuffleNetStyle", "OpZoo"])

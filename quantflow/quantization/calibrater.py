@@ -26,6 +26,9 @@ from .ranges import METHODS, Observer
 from .selection import first_match
 
 
+KEPT_BYTES = 256 * 2 ** 20   # the most observed activations the range pass keeps for the histogram pass
+
+
 def quantizable_nodes(g: Graph) -> list[Node]:
     """The ops the scheme can quantize: registry-quantizable, with a constant weight of a supported layout."""
     out = []
@@ -69,29 +72,48 @@ class Calibrater:
         self.runner = float_runner(graph, self.tensors)
         self.images = 0
 
-    def _pass(self, batches, desc: str) -> None:
+    def _pass(self, batches, desc: str, kept: list | None = None) -> list | None:
+        """One pass of the observers over ``batches``; with ``kept`` (a list) the observed activations of every
+        batch are put in it while they fit in ``KEPT_BYTES``: returned, else None."""
+        size = 0
         with progress(len(batches) if hasattr(batches, "__len__") else None, desc) as bar:
             for x in batches:
                 outs = self.runner.run(x, self.tensors)
-                for t in self.tensors:
-                    try:
-                        self.observers[t].observe(outs[t])
-                    except FloatingPointError as err:
-                        raise DataError(f"calibration: {err}") from None
+                self._observe(outs)
+                if kept is not None:
+                    size += sum(outs[t].nbytes for t in self.tensors)
+                    if size > KEPT_BYTES:
+                        kept = None
+                    else:
+                        kept.append(outs)
                 self.images += len(x)
                 bar.update(len(x))
+        return kept
+
+    def _observe(self, outs: dict) -> None:
+        for t in self.tensors:
+            try:
+                self.observers[t].observe(outs[t])
+            except FloatingPointError as err:
+                raise DataError(f"calibration: {err}") from None
 
     def collect(self, batches, histograms: bool = True) -> None:
         """Two passes over ``batches`` (a re-iterable of float N,C,H,W arrays): ranges, then histograms
-        over them (the percentile and KL methods need them; minmax does not)."""
-        self._pass(batches, "calibration: ranges")
+        over them (the percentile and KL methods need them; minmax does not).  The second pass reads the first
+        one's activations where they fit in ``KEPT_BYTES`` (a small network's sample), instead of running the
+        network again: the same arrays either way."""
+        kept = self._pass(batches, "calibration: ranges", [] if histograms else None)
         if self.images == 0:
             raise DataError("calibration: no calibration images")
         if not histograms:
             return
         for obs in self.observers.values():
             obs.start_histograms()
-        self._pass(batches, "calibration: histograms")
+        if kept is None:
+            self._pass(batches, "calibration: histograms")
+            return
+        for outs in kept:
+            self._observe(outs)
 
     def methods(self, method: str, overrides: dict[str, str] | None = None) -> dict[str, str]:
         """The range method of each observed tensor: that of the first op reading it whose layer an

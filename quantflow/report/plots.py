@@ -41,11 +41,14 @@ def sensitivity_chart(labels: list[str], output_db: list[float], alone_db: list[
 
 def activation_histogram(title: str, hist: np.ndarray, lo: float, hi: float, clip: tuple[float, float]) -> bytes:
     """The calibration histogram of an op's input over [lo, hi] (log counts) with the chosen clip range.  The
-    bars stand on a baseline below one count, so that an empty bin draws nothing and a bin of one count shows."""
+    bars stand on a baseline below one count, so that an empty bin draws nothing and a bin of one count shows.
+    Drawn as one filled step polygon: ``ax.stairs`` draws the same shape but walks its 2048 bins' path segments
+    one by one to find the axes' limits, about 0.2 s a chart (five charts a report)."""
     plt, (fig, ax) = _figure(6, 2.6)
     edges = np.linspace(lo, hi, len(hist) + 1)
     floor = 0.5
-    ax.stairs(np.maximum(np.asarray(hist, np.float64), floor), edges, fill=True, alpha=0.6, baseline=floor)
+    heights = np.maximum(np.asarray(hist, np.float64), floor)
+    ax.fill_between(np.repeat(edges, 2)[1:-1], np.repeat(heights, 2), floor, alpha=0.6, linewidth=0)
     ax.set_yscale("log")
     ax.set_ylim(bottom=floor)
     for x, name in zip(clip, ("clip min", "clip max")):

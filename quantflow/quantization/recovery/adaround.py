@@ -15,6 +15,8 @@ output minus INT8, in accumulator units), as in Nagel et al. 2019 sec. 4.2.  Onl
 from __future__ import annotations
 
 import copy
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -71,33 +73,46 @@ def round_layer(x: np.ndarray, target: np.ndarray, w: np.ndarray, scale: np.ndar
 
 
 def adaround(ctx, qp):
-    """``qp`` with every INT8 op's weights rounded as learned and its biases corrected, and the notes."""
+    """``qp`` with every INT8 op's weights rounded as learned and its biases corrected, and the notes.  The ops are
+    rounded on a thread per core (each learns from its own gathered inputs, and NumPy's loops and BLAS let go of
+    the GIL): the same roundings as one by one."""
     data = gathered(ctx, qp)
     out = copy.deepcopy(qp)
-    layers = {}
-    with progress(len(out.ops), "recovery: adaround") as bar:
-        for q in out.ops:
-            d = data[q.node]
-            g, o, _ = d.weight.shape
-            scale = np.asarray(q.scale_w, np.float64).reshape(g, o)
-            xq = dequantized(d.x, q.scale_d, q.offset_d)
-            target = float_output(d) - d.bias.reshape(1, g, o)
-            q0 = d.grouped(q.weight)
-            rounded, before, after = round_layer(xq, target, d.weight, scale, q0, ctx.iterations)
-            rounded = rounded.astype(np.int8)
-            # bias correction: the mean error left on the windows, per output channel
-            y = np.transpose(np.matmul(np.transpose(xq, (1, 0, 2)), np.transpose(rounded, (0, 2, 1)).astype(np.float32)),
-                             (1, 0, 2)).astype(np.float64) * scale[None]
-            shift = (target.astype(np.float64) - y).mean(axis=0).reshape(-1)
-            step = q.scale_d * np.asarray(q.scale_w, np.float64)
-            limits = np.iinfo(np.int32)
-            q.bias = np.clip(q.bias.astype(np.float64) + np.rint(shift / step), limits.min, limits.max).astype(np.int32)
-            q.weight = rounded.reshape(q.weight.shape) if q.weight.ndim == 4 else (
-                rounded[0] if q.channel_axis == 0 else rounded[0].T)
-            q.stats["adaround"] = True
-            changed = int(np.count_nonzero(rounded != q0))
-            layers[q.node] = {"flipped": changed, "loss_before": before, "loss_after": after}
+    with progress(len(out.ops), "recovery: adaround") as bar, \
+            ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        def learn(q):
+            learned = _rounded(q, data[q.node], ctx.iterations)
             bar.update(1)
+            return learned
+        results = list(pool.map(learn, out.ops))
+    layers = {}
+    for q, (rounded, bias, note) in zip(out.ops, results):
+        q.bias = bias
+        q.weight = rounded.reshape(q.weight.shape) if q.weight.ndim == 4 else (
+            rounded[0] if q.channel_axis == 0 else rounded[0].T)
+        q.stats["adaround"] = True
+        layers[q.node] = note
     flipped = sum(v["flipped"] for v in layers.values())
     return out, {"layers": layers, "summary": f"{flipped} weights rounded the other way over {len(layers)} ops; "
                                               f"biases corrected"}
+
+
+def _rounded(q, d, passes: int):
+    """(the learned int8 weights grouped (g, O, K), the corrected int32 bias, the op's note) of INT8 op ``q`` from
+    its gathered data ``d`` (``layerdata``); ``q`` is left as it is."""
+    g, o, _ = d.weight.shape
+    scale = np.asarray(q.scale_w, np.float64).reshape(g, o)
+    xq = dequantized(d.x, q.scale_d, q.offset_d)
+    target = float_output(d) - d.bias.reshape(1, g, o)
+    q0 = d.grouped(q.weight)
+    rounded, before, after = round_layer(xq, target, d.weight, scale, q0, passes)
+    rounded = rounded.astype(np.int8)
+    # bias correction: the mean error left on the windows, per output channel
+    y = np.transpose(np.matmul(np.transpose(xq, (1, 0, 2)), np.transpose(rounded, (0, 2, 1)).astype(np.float32)),
+                     (1, 0, 2)).astype(np.float64) * scale[None]
+    shift = (target.astype(np.float64) - y).mean(axis=0).reshape(-1)
+    step = q.scale_d * np.asarray(q.scale_w, np.float64)
+    limits = np.iinfo(np.int32)
+    bias = np.clip(q.bias.astype(np.float64) + np.rint(shift / step), limits.min, limits.max).astype(np.int32)
+    return rounded, bias, {"flipped": int(np.count_nonzero(rounded != q0)), "loss_before": before,
+                           "loss_after": after}
