@@ -143,10 +143,22 @@ def _run(b) -> None:
     p = r["power"]
     if p["tuning_source"]:
         print(f"preflight: the gate judges {p['gate_images']} of the {p['folder_images']} images of "
-              f"evaluation.data_dir; the automatic fallback tunes on {p['tuning_images']} others "
-              f"({p['tuning_source']})")
+              f"evaluation.data_dir; the automatic fallback tunes on {_tuning_said(b.cfg, p)}")
     for line in p["lines"]:
         print(f"preflight: the gate's power: {line}")
+
+
+def _tuning_said(cfg, p: dict) -> str:
+    """The tuning images, as preflight can tell them: before the sample has run, which of the calibration folder's
+    images it will leave to tune on is not known yet (``fallback.tuning_and_gate_sets`` drew from the whole folder)."""
+    from .fallback import MIN_TUNING_IMAGES
+    from .sample import manifest_path
+
+    e, k = cfg.evaluation, cfg.calibration
+    if e.tune_dir is not None or e.tune_from != "calibration" or manifest_path(cfg).is_file():
+        return f"{p['tuning_images']} others ({p['tuning_source']})"
+    return (f"the images of calibration.data_dir {k.data_dir} the calibration sample (calibration.count {k.count}) "
+            f"leaves out, topped up from the sample to {MIN_TUNING_IMAGES} where fewer")
 
 
 def _key_inputs(b) -> dict:

@@ -68,7 +68,7 @@ def test_a_wrong_sized_evaluation_image_is_named(demo_cfg, tmp_path):
         preflight(variant(demo_cfg, evaluation={"data_dir": str(tmp_path / "eval")}))
 
 
-def test_it_states_the_images_the_gate_needs(demo_cfg):
+def test_it_states_the_images_the_gate_needs(demo_cfg, tmp_path):
     from quantflow.evaluation.power import drop_needed, max_net_lost
     from quantflow.tasks.fallback import tuning_and_gate_sets
     from quantflow.tasks.preflight import gate_power
@@ -87,6 +87,17 @@ def test_it_states_the_images_the_gate_needs(demo_cfg):
     (gated,) = auto["reaches"]
     assert gated["images"] == auto["gate_images"] == len(judge) and auto["tuning_images"] == len(tune)
     assert auto["folder_images"] == p["folder_images"] and gated["max_net_lost"] <= top1["max_net_lost"]
+    # before the sample has run, which calibration images it leaves to tune on is not known: said so, no count
+    from quantflow.tasks.preflight import _tuning_said
+    from quantflow.tasks.sample import manifest_path
+    fresh = variant(auto_cfg, build={"output_dir": str(tmp_path / "fresh")})
+    assert not manifest_path(fresh).is_file()
+    assert _tuning_said(fresh, auto) == (f"the images of calibration.data_dir {fresh.calibration.data_dir} the "
+                                         f"calibration sample (calibration.count {fresh.calibration.count}) leaves "
+                                         f"out, topped up from the sample to 64 where fewer")
+    manifest_path(fresh).parent.mkdir(parents=True)
+    manifest_path(fresh).write_text("{}")
+    assert _tuning_said(fresh, auto).startswith(f"{auto['tuning_images']} others (")
     # a limit the images cannot decide is a WARNING, not a failure; a wide one is not
     tight = gate_power(variant(demo_cfg, evaluation={"threshold": 0.002}))
     assert tight["reaches"][0]["reachable"] is False and "WARNING" in tight["lines"][0]

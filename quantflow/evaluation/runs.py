@@ -142,6 +142,16 @@ class Fp32Memo:
             self.outputs.update(k or {})
 
 
+def memo_sharded(shard_fn, shared: tuple, ev: HeldOut, memo: Fp32Memo | None) -> list:
+    """``sharded_parts`` of a shard taking ``shared`` then the FP32 outputs to reuse and whether to keep its own
+    (``Fp32Memo.ask``), each part ending with the outputs it kept: the memo takes those in."""
+    fp32, keep = memo.ask() if memo else (None, False)
+    parts = sharded_parts(shard_fn, (*shared, fp32, keep), ev)
+    if memo:
+        memo.add([part[-1] for part in parts])
+    return parts
+
+
 def both_outputs(ev: HeldOut, graph, deploy, aipp_params: dict, paths, names: dict | None = None,
                  label: str = "gate: FP32 and INT8", fp32: dict | None = None, keep: dict | None = None):
     """Per evaluation batch of ``paths``: (its paths, uint8 images, FP32 outputs, INT8 outputs), each output dict
@@ -201,10 +211,7 @@ def output_stats(ev: HeldOut, graph, deploy, aipp_params: dict, regions=None, na
     memory stays bounded by the batch whatever the heads' size; each image's sums are its own, so any sharding
     gives the same array.  ``names``: ``output_names``' map (the regions name the outputs by it)."""
     regions = whole_outputs(graph, names) if regions is None else regions
-    fp32, keep = memo.ask() if memo else (None, False)
-    parts = sharded_parts(_outputs_shard, (ev, graph, deploy, aipp_params, regions, names, fp32, keep), ev)
-    if memo:
-        memo.add([k for _, k in parts])
+    parts = memo_sharded(_outputs_shard, (ev, graph, deploy, aipp_params, regions, names), ev, memo)
     return np.concatenate([s for s, _ in parts])
 
 

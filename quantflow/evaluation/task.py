@@ -48,7 +48,7 @@ from .intervals import Resampling, mean_replicates, record_replicates, resamplin
 from .intervals import figure as figure_of
 from .outputs import failing_outputs, failure_text, network_regions, region_rows, rows_details, rows_text
 from .protocol import Series, in_float
-from .runs import Fp32Memo, both_outputs, region_sums, sharded_parts
+from .runs import Fp32Memo, both_outputs, memo_sharded, region_sums
 from .shipped import SHIPPED
 from .steering import region_steering
 from .verdicts import attach, explain, mark_rows, region_figures, with_intervals
@@ -206,11 +206,8 @@ def task_run(ev, graph, deploy, aipp_params: dict, regions: list, metric: str, o
     """(``runs.region_sums`` of every held-out image, the task metric's records in image order: one per batch, or
     one per image for a metric with ``records_per_image``), sharded over ``ev.engine`` with the single process's
     results; outputs named as ``runs.output_names`` says; FP32 reused from (or kept in) ``memo``."""
-    fp32, keep = memo.ask() if memo else (None, False)
-    shared = (ev, graph, deploy, aipp_params, regions, metric, dict(options), names, fp32, keep)
-    parts = sharded_parts(_task_shard, shared, ev)
-    if memo:
-        memo.add([k for _, _, k in parts])
+    parts = memo_sharded(_task_shard, (ev, graph, deploy, aipp_params, regions, metric, dict(options), names), ev,
+                         memo)
     return np.concatenate([s for s, _, _ in parts]), [r for _, rs, _ in parts for r in rs]
 
 
