@@ -135,7 +135,8 @@ def costly_checked(qp, record: dict, last: dict, methods, run, check, on_undecid
         if qp is before:
             continue
         guard_after = record["steps"][-1].get("after", {}).get(GUARD)
-        learned = tuning_settled(unpriced(last), on_undecided) and _farther(guard_before, guard_after)
+        settled = tuning_settled(unpriced(last), on_undecided)
+        learned = settled and _farther(guard_before, guard_after)
         if not learned:   # where the recovery images already say no, costly_kept needs no check to say it
             again = check(qp)
             made += 1
@@ -149,7 +150,7 @@ def costly_checked(qp, record: dict, last: dict, methods, run, check, on_undecid
             why = (f"farther from FP32 on the recovery images it learned from (least SQNR {guard_before:.2f} -> "
                    f"{guard_after:.2f} dB; not checked on the tuning images)")
         else:
-            why = ("not nearer FP32 on the tuning images (" if tuning_settled(unpriced(last), on_undecided) else
+            why = ("not nearer FP32 on the tuning images (" if settled else
                    "the check on the tuning images is worse (") + (
                 f"{steering_line(last['steering'])} -> {steering_line(again['steering'])}"
                 if last.get("steering") and again.get("steering") else f"{last['verdict']} -> {again['verdict']}") + ")"

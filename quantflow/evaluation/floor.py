@@ -122,10 +122,15 @@ def with_floor(report: dict, floor: dict, labels, limits, mac: dict | None = Non
     return report
 
 
+def price_figure(report: dict) -> dict | None:
+    """The report's gated ratio (``VS_FLOAT16``, from ``evaluation.max_vs_float16``), or None."""
+    return next((f for f in report.get("figures", []) if f.get("id") == VS_FLOAT16), None)
+
+
 def unpriced(report: dict) -> dict:
     """``report`` judged on the metric's own figures: without the ratio's (``evaluation.max_vs_float16``), the
     verdicts judged again; ``report`` itself where it has none.  A copy: ``report`` is left as it is."""
-    if not any(f.get("id") == VS_FLOAT16 for f in report.get("figures", [])):
+    if price_figure(report) is None:
         return report
     return rejudge(dict(report, figures=[f for f in report["figures"] if f["id"] != VS_FLOAT16]))
 
@@ -133,7 +138,7 @@ def unpriced(report: dict) -> dict:
 def own_failure(m, report: dict) -> str | None:
     """Why the build fails: the metric's own reason on its own figures (``m.failure`` on the report without the
     ratio's figure), and the ratio's where it FAILs (or is UNDECIDED where ``evaluation.on_undecided = "fail"``)."""
-    vs = next((f for f in report.get("figures", []) if f.get("id") == VS_FLOAT16), None)
+    vs = price_figure(report)
     if vs is None:
         return m.failure(report)
     said = m.failure(unpriced(report))
@@ -215,7 +220,7 @@ def untellable(distance: dict | None, limit: float | None, confidence: float) ->
 
 def report_untellable(report: dict) -> dict | None:
     """``untellable`` of a check's report, by its ``VS_FLOAT16`` figure's limit and its bootstrap's confidence."""
-    vs = next((f for f in report.get("figures", []) if f.get("id") == VS_FLOAT16), None)
+    vs = price_figure(report)
     return untellable(report.get("distance"), vs and vs["limit"], report.get("bootstrap", {}).get("confidence", 0.95))
 
 
