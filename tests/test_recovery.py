@@ -20,7 +20,8 @@ from quantflow.quantization.deploy import quantized_graph
 from quantflow.quantization.qparams import QuantParams
 from quantflow.quantization.recovery import Context, recover
 from quantflow.quantization.recovery.equalize import equalize, find_pairs
-from quantflow.quantization.recovery.measure import GUARD, NETWORK, REGION, layer_sqnr
+from quantflow.quantization.recovery.measure import (CAP_DB, GUARD, NETWORK, PER_IMAGE, REGION, TYPICAL, layer_sqnr,
+                                                     nearer_per_image, per_image_db)
 
 N, H = 4, 8
 NARROW = 256.0   # how many times narrower than the widest the imbalanced channels are
@@ -142,6 +143,68 @@ def test_each_compared_region_is_measured_and_the_guard_takes_the_least():
     assert got[GUARD] == min(got[REGION + "wide"], got[REGION + "rest"])
     plain = layer_sqnr(g, qp, calib)
     assert plain[GUARD] == plain[NETWORK] == got[NETWORK] and not any(k.startswith(REGION) for k in plain)
+
+
+def test_the_per_image_figure_is_the_mean_of_each_images_sqnr_and_the_least_over_the_regions():
+    """``TYPICAL``: per region, the mean over the images of each image's own SQNR (computed here from the emulation
+    image by image, batched otherwise than the measurement), the least over the regions; the outputs whole
+    without regions."""
+    from quantflow.evaluation.parts import Region
+
+    g = chain_net()
+    calib = images(3)
+    qp = calibrate(g, calib, "minmax", rollback_small_channels=False)
+    shape = g.shape("out")
+    regions = [Region("wide", "out", shape, axis=1, start=0, stop=7, part="wide"),
+               Region("rest", "out", shape, axis=1, start=7, stop=10, part="rest")]
+    got = layer_sqnr(g, qp, calib, regions=regions)
+    x = np.concatenate(calib)
+    ref = float_runner(g).run(x)["out"].astype(np.float64)
+    emu = Emulator(quantized_graph(g, qp))
+    q = np.concatenate([emu.logits(x[i:i + 1].astype(np.float16)) for i in range(len(x))]).astype(np.float64)
+    means = []
+    for a, b in [(ref[:, r.start:r.stop], q[:, r.start:r.stop]) for r in regions] + [(ref, q)]:
+        a, b = a.reshape(len(x), -1), b.reshape(len(x), -1)
+        means.append(float(np.mean(10 * np.log10((a ** 2).sum(1) / ((a - b) ** 2).sum(1)))))
+    assert got[TYPICAL] == pytest.approx(min(means[:2]), abs=1e-6)
+    assert layer_sqnr(g, qp, calib)[TYPICAL] == pytest.approx(means[2], abs=1e-6)
+
+
+def test_the_per_image_figure_sees_most_images_nearer_where_one_image_carries_the_pooled_noise():
+    """One image near a decision carries most of the noise energy: halving every other image's noise while that
+    one's grows by a fifth lowers the pooled SQNR and raises the per-image mean by about 3 dB; an exact output
+    counts as ``CAP_DB``, not infinity."""
+    signal = np.ones(32)
+    before = np.full(32, 1e-4)
+    before[0] = 0.5
+    after = before / 2
+    after[0] = 0.6
+    pooled = 10 * np.log10(signal.sum() / after.sum()) - 10 * np.log10(signal.sum() / before.sum())
+    per_image = per_image_db(signal, after).mean() - per_image_db(signal, before).mean()
+    assert pooled < 0 < per_image and per_image == pytest.approx((31 * 10 * np.log10(2) - 10 * np.log10(1.2)) / 32)
+    assert per_image_db(np.array([2.0]), np.array([0.0]))[0] == pytest.approx(CAP_DB)
+
+
+def test_nearer_per_image_is_a_paired_gain_beyond_the_noise_on_the_region_served_worst():
+    """The region the parameters before serve worst decides; its per-image changes must average above 1.645
+    standard errors; a gain on another region does not count; nothing measured says nothing."""
+    rng = np.random.default_rng(0)
+    before = {PER_IMAGE: {"scores": list(20 + rng.normal(0, 2, 32)), "boxes": list(40 + rng.normal(0, 2, 32))}}
+
+    def after(scores_gain, boxes_gain, spread=1.0):
+        jitter = rng.normal(0, spread, 32)
+        return {PER_IMAGE: {"scores": list(np.add(before[PER_IMAGE]["scores"], scores_gain + jitter)),
+                            "boxes": list(np.add(before[PER_IMAGE]["boxes"], boxes_gain))}}
+    clear = nearer_per_image(before, after(1.0, 0.0))
+    assert clear["region"] == "scores" and clear["nearer"] and clear["change"] > 1.645 * clear["se"]
+    assert not nearer_per_image(before, after(0.1, 5.0))["nearer"]        # within the noise; boxes do not count
+    assert not nearer_per_image(before, after(-1.0, 5.0))["nearer"]
+    assert nearer_per_image(before, {}) is None and nearer_per_image(None, before) is None
+    g = chain_net()
+    calib = images(3)
+    got = layer_sqnr(g, calibrate(g, calib, "minmax", rollback_small_channels=False), calib)
+    assert len(got[PER_IMAGE][NETWORK]) == sum(len(x) for x in calib)
+    assert got[TYPICAL] == pytest.approx(float(np.mean(got[PER_IMAGE][NETWORK])))
 
 
 def test_the_guard_undoes_a_method_that_lowers_the_least_region_whatever_the_pooled_figure(monkeypatch):

@@ -51,7 +51,7 @@ def test_recovery_passes_it_all_int8_without_the_fallback(project):
 
 def test_as_shipped_recovery_runs_before_the_fallback(project):
     """fallback = "auto": equalization first (guarded by the recovery images), then the costly methods, each
-    checked on the tuning images (kept where it brings INT8 nearer FP32 there and no farther on the recovery images,
+    checked on the tuning images (kept where it brings INT8 nearer FP32 there and on the recovery images, image by image,
     or, where the check fails, unless it harms there), and the fallback only after them.  (Measured: the check passes after equalization alone and no layer is rolled back;
     docs/recovery.md.)"""
     proc = run_doit(project, f"config={EXAMPLE}/quantflow.toml")

@@ -6,7 +6,7 @@ import html
 
 from ..quantization.qparams import short_names
 from ..quantization.recovery import layer_table
-from ..quantization.recovery.measure import NETWORK, REGION
+from ..quantization.recovery.measure import is_output_row
 
 
 def _db(v) -> str:
@@ -41,7 +41,7 @@ def section(record: dict | None) -> str:
         return "".join(out)
     rows = layer_table(record)
     cols = ["before"] + [f"{i}:{s['method']}" for i, s in enumerate(steps)]
-    short = short_names([r["scope"] for r in rows if r["node"] != NETWORK and not r["node"].startswith(REGION)]
+    short = short_names([r["scope"] for r in rows if not is_output_row(r["node"])]
                         or ["-"])
     head = "".join(f"<th>{html.escape(h)}</th>" for h in ["layer", "before"] + [s["method"] for s in steps])
     body = "".join("<tr>" + f'<td title="{html.escape(r["scope"])}">{html.escape(short.get(r["scope"], r["scope"]))}'
@@ -56,5 +56,5 @@ def _undone(step: dict) -> str:
     if step.get("undone_by") == "tuning check":
         return " (undone by the check on the tuning images: not nearer FP32 there, or worse)"
     if step.get("undone_by") == "recovery images":
-        return " (undone: farther from FP32 on the recovery images it learned from)"
+        return " (undone: not nearer FP32 beyond their noise, image by image, on the recovery images it learned from)"
     return " (undone: it lowered the least output SQNR of what the gate compares)"

@@ -24,7 +24,7 @@ import numpy as np
 from ...ir import Graph
 from ...progress import progress
 from ..qparams import QuantParams
-from .measure import GUARD, NETWORK, REGION, layer_sqnr, references
+from .measure import GUARD, NETWORK, REGION, TYPICAL, layer_sqnr, references
 
 
 @dataclass
@@ -120,10 +120,10 @@ def _last(record: dict) -> dict:
     return kept[-1] if kept else record["before"]
 
 
-def guard_figure(record: dict) -> float | None:
-    """The guard's figure (``measure.GUARD``, dB) of the parameters the record's kept steps end at; None where
+def last_measurement(record: dict) -> dict | None:
+    """The measurement (``measure.layer_sqnr``) of the parameters the record's kept steps end at; None where
     nothing was measured (no method changed anything)."""
-    return _last(record).get(GUARD) if record.get("before") else None
+    return _last(record) if record.get("before") else None
 
 
 def _measure(ctx: Context, qp: QuantParams) -> dict:
@@ -148,12 +148,14 @@ def _float_key(qp: QuantParams) -> str:
 
 def layer_table(record: dict) -> list[dict]:
     """One row per INT8 op of the record: its scope and output SQNR before recovery and after each step (None
-    where the op was not INT8 then), then the network's row and one per compared region (``measure.REGION``)."""
+    where the op was not INT8 then), then the network's row, one per compared region (``measure.REGION``) and the
+    per-image figure (``measure.TYPICAL``)."""
     steps = record["steps"]
     rows = []
     regions = [k for k in record.get("before", {}) if k.startswith(REGION)]
+    typical = [TYPICAL] if TYPICAL in record.get("before", {}) else []
     for node, info in (list(record["layers"].items()) + [(NETWORK, {"scope": NETWORK})]
-                       + [(k, {"scope": k}) for k in regions]):
+                       + [(k, {"scope": k}) for k in regions + typical]):
         rows.append({"node": node, "scope": info["scope"], "before": record.get("before", {}).get(node),
                      **{f"{i}:{s['method']}": s["after"].get(node) for i, s in enumerate(steps)}})
     return rows

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..qparams import fit, short_names
 from . import layer_table
-from .measure import NETWORK, REGION
+from .measure import is_output_row
 
 
 def _db(v) -> str:
@@ -20,7 +20,7 @@ def text_table(record: dict, top: int | None = None) -> str:
     rows = layer_table(record)
     cols = ["before"] + [f"{i}:{s['method']}" for i, s in enumerate(record["steps"])]
     heads = ["before"] + [s["method"] + ("" if s["kept"] else " (undone)") for s in record["steps"]]
-    layers = [r for r in rows if r["node"] != NETWORK and not r["node"].startswith(REGION)]
+    layers = [r for r in rows if not is_output_row(r["node"])]
     outputs = [r for r in rows if r not in layers]   # the network's row, then the compared regions'
     if top:
         def gain(r):
