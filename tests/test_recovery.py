@@ -124,15 +124,20 @@ def test_equalization_raises_the_int8_output_sqnr_and_records_it():
     assert sqnr == pytest.approx(step["after"][NETWORK], abs=0.05)
 
 
-def test_each_compared_region_is_measured_and_the_guard_takes_the_least():
+def _calibrated_in_two_regions():
+    """(the chain net, its calibration images, minmax parameters, its output cut into two regions)."""
     from quantflow.evaluation.parts import Region
 
     g = chain_net()
     calib = images(3)
     qp = calibrate(g, calib, "minmax", rollback_small_channels=False)
     shape = g.shape("out")
-    regions = [Region("wide", "out", shape, axis=1, start=0, stop=7, part="wide"),
-               Region("rest", "out", shape, axis=1, start=7, stop=10, part="rest")]
+    return g, calib, qp, [Region("wide", "out", shape, axis=1, start=0, stop=7, part="wide"),
+                          Region("rest", "out", shape, axis=1, start=7, stop=10, part="rest")]
+
+
+def test_each_compared_region_is_measured_and_the_guard_takes_the_least():
+    g, calib, qp, regions = _calibrated_in_two_regions()
     got = layer_sqnr(g, qp, calib, regions=regions)
     x = np.concatenate(calib)
     ref = float_runner(g).run(x)["out"].astype(np.float64)
@@ -149,14 +154,7 @@ def test_the_per_image_figure_is_the_mean_of_each_images_sqnr_and_the_least_over
     """``TYPICAL``: per region, the mean over the images of each image's own SQNR (computed here from the emulation
     image by image, batched otherwise than the measurement), the least over the regions; the outputs whole
     without regions."""
-    from quantflow.evaluation.parts import Region
-
-    g = chain_net()
-    calib = images(3)
-    qp = calibrate(g, calib, "minmax", rollback_small_channels=False)
-    shape = g.shape("out")
-    regions = [Region("wide", "out", shape, axis=1, start=0, stop=7, part="wide"),
-               Region("rest", "out", shape, axis=1, start=7, stop=10, part="rest")]
+    g, calib, qp, regions = _calibrated_in_two_regions()
     got = layer_sqnr(g, qp, calib, regions=regions)
     x = np.concatenate(calib)
     ref = float_runner(g).run(x)["out"].astype(np.float64)
