@@ -16,6 +16,7 @@ from support.project import copy_project, run_doit
 SLOW_FIXTURES = {
     "built_demo",   # this file: the demo project built by `doit`
     "tiny",         # test_cli: a folder with only a config, an ONNX model and images, built by `quantflow build`
+    "built_two_input",   # test_extra_inputs: the two-input detector's project, built
 }
 # modules whose every test builds, kills or trains end to end
 SLOW_MODULES = {

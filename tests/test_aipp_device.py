@@ -10,37 +10,20 @@ import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
-from onnx import helper
-from support import aipp_reference as doc
-from support import deploy_interpreter
+from support.device_standin import check_dump, forget_ais_bench, standin_om, use_standin
 from support.project import run_doit
 
 from quantflow.cli.main import main
-
-STANDIN = Path(__file__).parent / "support" / "ais_bench_standin"
-# msaccucmp's golden-file pattern (CANN 8.1 tools/operator_cmp/compare/cmp_utils/reg_manager.py)
-NUMPY_DUMP_PATTERN = re.compile(r"^([\.A-Za-z0-9_-]+\.[0-9]+)\.[0-9]{1,255}\.npy$")
-
 
 def latest(project: Path) -> dict:
     return json.loads((project / "build" / "latest.json").read_text())
 
 
-def standin_om(folder: Path, build: dict, aipp_cfg: Path | None = None) -> Path:
-    """The stand-in's "offline model": the build's deploy.onnx and the AIPP config it was "converted" with."""
-    om = folder / "model.om"
-    om.write_text(json.dumps({"deploy_onnx": build["deploy_onnx"], "aipp_cfg": str(aipp_cfg or build["aipp_config"])}))
-    return om
-
-
 @pytest.fixture
 def standin(monkeypatch):
-    monkeypatch.syspath_prepend(str(STANDIN))
-    for name in [m for m in sys.modules if m == "ais_bench" or m.startswith("ais_bench.")]:
-        monkeypatch.delitem(sys.modules, name)
+    use_standin(monkeypatch)
 
 
 def verify_report(build: dict) -> dict:
@@ -49,6 +32,7 @@ def verify_report(build: dict) -> dict:
 
 def test_verify_without_ais_bench_says_what_to_install(built_demo, tmp_path, monkeypatch, capsys):
     project, _ = built_demo
+    forget_ais_bench(monkeypatch)
     monkeypatch.setitem(sys.modules, "ais_bench", None)  # not importable, whatever is installed
     om = standin_om(tmp_path, latest(project))
     assert main(["verify", str(project / "quantflow.toml"), "--om", str(om)]) == 2
@@ -97,47 +81,6 @@ def test_verify_refuses_an_om_that_takes_other_frames(built_demo, tmp_path, stan
     assert main(["verify", str(project / "quantflow.toml"), "--om", str(om), "--images", "2"]) == 2
     assert "the .om's input takes 3264 bytes per batch of 1, the frames of this build's AIPP config (RGB888_U8) " \
            "are 3072" in capsys.readouterr().err
-
-
-def all_node_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with every node output a graph output (the deploy interpreter returns the graph outputs)."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    del m.graph.output[:]
-    m.graph.output.extend(helper.make_empty_tensor_value_info(o) for n in model.graph.node for o in n.output if o)
-    return m
-
-
-def check_dump(out: Path, build: dict) -> int:
-    """Every golden file is named as msaccucmp reads golden data and holds what the deploy interpreter computes for
-    that node output, from the dumped frames through the independent AIPP; returns the files checked."""
-    listing = json.loads((out / "dump.json").read_text())
-    model = onnx.load(build["deploy_onnx"])
-    cfg = doc.read_config(Path(build["aipp_config"]).read_text())
-    batch = model.graph.input[0].type.tensor_type.shape.dim[0].dim_value
-    raw = np.fromfile(out / "input" / "frames.bin", np.uint8).reshape(batch, -1)
-    assert raw.shape[1] == doc.frame_bytes(cfg)
-    x16 = np.stack([doc.aipp(cfg, f) for f in raw])
-    np.testing.assert_array_equal(np.load(out / "input" / "aipp_output.npy"), x16)
-    full = all_node_outputs(model)
-    values = dict(zip((o.name for o in full.graph.output), deploy_interpreter.run(full, x16)))
-    nodes = {n.name: n for n in model.graph.node}
-    files = sorted(p.name for p in (out / "golden").iterdir())
-    assert files == sorted(Path(g["file"]).name for g in listing["golden"])
-    for g in listing["golden"]:
-        name = Path(g["file"]).name
-        m = NUMPY_DUMP_PATTERN.match(name)
-        assert m and m.group(1) == f"{re.sub(r'[^A-Za-z0-9_-]', '_', g['node'])}.{g['output_index']}"
-        assert name.endswith(f".{listing['timestamp']}.npy")
-        node = nodes[g["node"]]
-        want = values[node.output[g["output_index"]]]
-        got = np.load(out / g["file"])
-        assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
-        np.testing.assert_array_equal(got, want, err_msg=name)
-    dumped = {(g["node"], g["output_index"]) for g in listing["golden"]}
-    skipped = {(s["node"], s["output_index"]) for s in listing["not_dumped"]}
-    assert dumped | skipped == {(n.name, k) for n in model.graph.node for k, o in enumerate(n.output) if o}
-    return len(files)
 
 
 def test_dump_writes_goldens_named_for_cann_accuracy_comparison(built_demo, tmp_path):

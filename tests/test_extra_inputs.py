@@ -12,12 +12,14 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from support.device_standin import check_dump, standin_om, use_standin
 from support.project import tiny_project
 
 import quantflow
 from quantflow.backends.aipp import check_input_rank
 from quantflow.backends.atc import atc_command
 from quantflow.backends.deploy_onnx import check_deploy, deploy_model
+from quantflow.cli.main import main
 from quantflow.config import ModelSection, load_config
 from quantflow.data.extra_inputs import guess, sample_value
 from quantflow.engine.int8_emulator import Emulator
@@ -30,6 +32,7 @@ from quantflow.quantization.deploy import quantized_graph
 from quantflow.quantization.passes import fold_for_quantization
 from quantflow.scaffold import write
 from quantflow.tasks.atc import other_inputs
+from quantflow.tasks.summary import latest_path
 
 SIZE = 32
 SHAPE = (1, 3, SIZE, SIZE)
@@ -198,12 +201,17 @@ def test_batch_sizes_with_model_inputs_is_a_configuration_error(tmp_path):
         load_config(out)
 
 
-@pytest.mark.slow
-def test_a_two_input_detector_builds_and_passes_its_gate(tmp_path):
-    out = _init_two_input_project(tmp_path)
+@pytest.fixture(scope="module")
+def built_two_input(tmp_path_factory):
+    """The two-input detector's project, as init writes it with SCALE for scale_factor, built: (config, result)."""
+    out = _init_two_input_project(tmp_path_factory.mktemp("built"))
     out.write_text(out.read_text().replace("scale_factor = { value = [1.0, 1.0] }", f"scale_factor = {{ value = "
                                                                                     f"{SCALE} }}"))
-    r = quantflow.build(out)
+    return out, quantflow.build(out)
+
+
+def test_a_two_input_detector_builds_and_passes_its_gate(built_two_input):
+    _, r = built_two_input
     assert r.passed is True and r.verdict == "PASS"
     assert {row["output"] for row in r.report["outputs"]} == {"boxes", "scores"}   # the constant is not gated
     deploy = onnx.load(str(r.artifacts["deploy_onnx"]))
@@ -211,3 +219,27 @@ def test_a_two_input_detector_builds_and_passes_its_gate(tmp_path):
     assert [o.name for o in deploy.graph.output][-1] == "box_scale"
     graph_info = json.loads((r.artifacts["graph"] / "graph.json").read_text())   # what the graph stage reported
     assert graph_info["constant_outputs"] == {"box_scale": [2]} and graph_info["fixed_inputs"] == {"scale_factor": SCALE}
+
+
+def test_verify_and_dump_feed_the_om_every_input(built_two_input, tmp_path, monkeypatch):
+    """On the Ascend host's side (ais_bench's stand-in): verify feeds the .om the frames and scale_factor, in its
+    input order, and agrees with the emulation; dump writes one folder per input for ais_bench and goldens that
+    the deploy graph computes from them."""
+    use_standin(monkeypatch)
+    config, r = built_two_input
+    build = json.loads(latest_path(r.config).read_text())
+    om = standin_om(tmp_path, build)
+    assert main(["verify", str(config), "--om", str(om), "--images", "8"]) == 0
+    report = json.loads((Path(build["artifacts"]["gate"]) / "device_verify.json").read_text())
+    # every output of the .om, the constant box_scale last, is what the emulation computed, bit for bit
+    om_outputs = [o.name for o in onnx.load(build["deploy_onnx"]).graph.output]
+    assert [o["output"] for o in report["outputs"]] == om_outputs and om_outputs[-1] == "box_scale"
+    assert all(o["cosine"] == 1.0 and o["max_abs_diff"] == 0.0 for o in report["outputs"]) and report["passed"]
+    out = tmp_path / "dump"
+    assert main(["dump", str(config), "-o", str(out)]) == 0
+    listing = json.loads((out / "dump.json").read_text())
+    assert [(d["input"], d["file"], d["dtype"], d["shape"]) for d in listing["device_inputs"]][1:] == \
+        [("scale_factor", "input/1_scale_factor/scale_factor.bin", "float32", [1, 2])]
+    np.testing.assert_array_equal(np.fromfile(out / "input/1_scale_factor/scale_factor.bin", np.float32), SCALE)
+    assert f"--input {out / 'input/0_frames'},{out / 'input/1_scale_factor'} " in listing["device_dump"]
+    assert check_dump(out, build) > 0

@@ -1,6 +1,7 @@
 """What ``quantflow verify`` and ``quantflow dump`` share: the last build that passed the gate (named by
-``<output_dir>/latest.json``), its AIPP config, the network the gate emulated, and the held-out images as the
-frames the device receives (``quantflow.engine.aipp.device_frame``)."""
+``<output_dir>/latest.json``), its AIPP config, the network the gate emulated, the held-out images as the
+frames the device receives (``quantflow.engine.aipp.device_frame``), and the .om's other inputs (``model.inputs``)
+with the values the gate fed them."""
 from __future__ import annotations
 
 import json
@@ -85,3 +86,25 @@ def frames(params: dict, images: np.ndarray, frame_order: str) -> np.ndarray:
 
     a = spec(params)
     return np.ascontiguousarray(np.stack([device_frame(a, img, frame_order) for img in images]))
+
+
+def other_inputs(source_onnx: Path, fixed: dict, batch: int) -> list[tuple[str, np.ndarray]]:
+    """The .om's inputs after the frames, in the order of ``source_onnx`` (the ONNX atc converted: its image input
+    first, then the others, as atc's ``--input_shape`` names them), each with its value for one batch of ``batch``:
+    the configured ``model.inputs`` value (``fixed``: ``Graph.fixed_inputs``) for every image, in the input's ONNX
+    element type (an ONNX float32 input stays float32 in the .om), C-contiguous."""
+    import onnx
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    from ..data.extra_inputs import FIELD, batch_of
+
+    graph = onnx.load(str(source_onnx), load_external_data=False).graph
+    inits = {t.name for t in graph.initializer}
+    out = []
+    for i in [i for i in graph.input if i.name not in inits][1:]:
+        if i.name not in fixed:
+            raise QuantflowError(f"{source_onnx} takes input {i.name!r}, which {FIELD} gives no value: rebuild with "
+                                 f"this configuration (`quantflow build`)")
+        dtype = tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+        out.append((i.name, np.ascontiguousarray(batch_of(np.asarray(fixed[i.name]), batch), dtype)))
+    return out

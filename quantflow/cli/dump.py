@@ -14,7 +14,11 @@ AscendQuant, int32 out of the cube, float16 values held as float32 elsewhere, as
 Beside the goldens: ``input/frames.bin`` (the .om's input for these images: the frames in the AIPP input format,
 for ``ais_bench --input ... --dump 1``), ``input/aipp_output.npy`` (AIPP's float16 output: what ait's compare
 feeds an ONNX golden of an AIPP model) and ``dump.json`` (the images, every golden file and the node, tensor,
-dtype and shape it holds, the outputs not dumped and why).
+dtype and shape it holds, the outputs not dumped and why).  A network with other inputs (``model.inputs``) gets
+one folder per .om input instead, numbered in its order -- ``input/0_frames/frames.bin``,
+``input/1_<name>/<name>.bin`` with the value the gate fed it -- since ais_bench takes several inputs as one folder
+each, in the model's input order (ait ``examples/cli/benchmark/02_specify_input_data/README.md``: "模型输入需要与
+传入文件夹的个数一致 ... 顺序要对应").
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import onnx
 
 from ..errors import QuantflowError
 from ..io.atomic import write_bytes, write_json
-from .device import LastBuild, frames, held_out, last_build
+from .device import LastBuild, frames, held_out, last_build, other_inputs
 
 DUMP_JSON = "dump.json"
 GOLDEN, INPUT = "golden", "input"
@@ -122,15 +126,18 @@ def dump(config: Path, out: Path | None, image_paths: list[Path]) -> int:
         golden.append({"file": f"{GOLDEN}/{fname}", "node": node.name, "op_type": node.op_type, "output_index": k,
                        "tensor": t, "dtype": str(v.dtype), "shape": list(v.shape)})
     raw = frames(build.params, images, cfg.aipp.input_channel_order)
-    write_bytes(out / INPUT / "frames.bin", raw.tobytes())
+    device_inputs = _write_device_inputs(out, source.graph.input[0].name, raw,
+                                         other_inputs(build.source_onnx, graph.fixed_inputs, batch))
     write_bytes(out / INPUT / "aipp_output.npy", _npy(x16.astype(np.float16)))
     om = build.om or "model.om"
+    given = ",".join(str(out / (d["file"] if len(device_inputs) == 1 else Path(d["file"]).parent))
+                     for d in device_inputs)
     listing = {
         "images": names, "timestamp": ts, "source_onnx": str(build.source_onnx), "aipp_config": str(build.dirs["aipp"] / "aipp.cfg"),
         "input_format": build.params.get("input_format"), "frames_bytes": int(raw.nbytes),
-        "inputs": [f"{INPUT}/frames.bin", f"{INPUT}/aipp_output.npy"], "golden": golden, "not_dumped": skipped,
-        "device_dump": f"python3 -m ais_bench --model {om} --input {out / INPUT / 'frames.bin'} --dump 1 "
-                       f"--output <device_dump_dir>",
+        "device_inputs": device_inputs, "inputs": [d["file"] for d in device_inputs] + [f"{INPUT}/aipp_output.npy"],
+        "golden": golden, "not_dumped": skipped,
+        "device_dump": f"python3 -m ais_bench --model {om} --input {given} --dump 1 --output <device_dump_dir>",
         "om_json": f"atc --mode=1 --om={om} --json=model.json",
         "compare": f"python3 msaccucmp.py compare -m <the folder of the device's dump files> -g {out / GOLDEN} "
                    f"-f model.json"}
@@ -139,6 +146,18 @@ def dump(config: Path, out: Path | None, image_paths: list[Path]) -> int:
           f"({len(skipped)} inner tensors not dumped; {out / DUMP_JSON} lists them)")
     print(f"on the Ascend host:\n  {listing['device_dump']}\n  {listing['om_json']}\n  {listing['compare']}")
     return 0
+
+
+def _write_device_inputs(out: Path, image_input: str, raw: np.ndarray, others: list) -> list[dict]:
+    """The .om's inputs for the dumped batch, written under ``out/input`` (module docstring): the frames ``raw`` of
+    ``image_input``, then ``others`` (``device.other_inputs``); each one's input name, file, dtype and shape."""
+    named = [(image_input, "frames", raw)] + [(name, re.sub(r"[^A-Za-z0-9_-]", "_", name), v) for name, v in others]
+    rows = []
+    for k, (name, stem, value) in enumerate(named):
+        file = f"{INPUT}/{stem}.bin" if len(named) == 1 else f"{INPUT}/{k}_{stem}/{stem}.bin"   # one folder each
+        write_bytes(out / file, np.ascontiguousarray(value).tobytes())
+        rows.append({"input": name, "file": file, "dtype": str(value.dtype), "shape": list(value.shape)})
+    return rows
 
 
 def _images(build: LastBuild, paths: list[Path], batch: int):

@@ -9,7 +9,8 @@ ais_bench API (ait ``ais_bench/infer/interface.py``, ``docs/benchmark/API_GUIDE.
 ``InferSession(device_id, model_path)``, ``get_inputs()`` (``.size``: the input's bytes), ``get_outputs()``,
 ``infer(feeds)`` -> numpy arrays.  A static-AIPP model's runtime checks only the byte size of the input buffer
 (ait ``ModelInferenceProcessor.cpp``: "in size ... needsize ... not match"), so each batch of frames is passed
-as one C-contiguous uint8 array of that size.
+as one C-contiguous uint8 array of that size.  A network with other inputs (``model.inputs``) is fed them after the
+frames, in the .om's input order, each with the value the gate fed it for every image (``device.other_inputs``).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from ..errors import QuantflowError
 from ..io.atomic import write_json
-from .device import LastBuild, frames, held_out, last_build
+from .device import LastBuild, frames, held_out, last_build, other_inputs
 
 VERIFY_JSON = "device_verify.json"
 DEFAULT_MIN_COSINE = 0.999
@@ -79,13 +80,25 @@ def compare(build: LastBuild, session, names: list[str], paths: list, shape) -> 
 
     emulator = Emulator(build.emulated_graph())
     batch = build.cfg.model.input_shape[0]
-    need = int(session.get_inputs()[0].size)
+    others = other_inputs(build.source_onnx, emulator.graph.fixed_inputs, batch)
+    om_inputs = session.get_inputs()
+    if len(om_inputs) != 1 + len(others):
+        raise QuantflowError(f"the .om takes {len(om_inputs)} input(s), this build's {build.source_onnx.name} "
+                             f"{1 + len(others)}: was the .om built from it?")
+    for desc, (name, value) in zip(om_inputs[1:], others):
+        if int(desc.size) != value.nbytes:
+            raise QuantflowError(f"the .om's input {getattr(desc, 'name', name)} takes {int(desc.size)} bytes per "
+                                 f"batch of {batch}, input {name} of this build (model.inputs) {value.nbytes}")
+    need = int(om_inputs[0].size)
     out_names = [getattr(o, "name", str(i)) for i, o in enumerate(session.get_outputs())]
     graph_outputs = list(emulator.graph.outputs)
-    if len(out_names) != len(graph_outputs):
-        raise QuantflowError(f"the .om has {len(out_names)} output(s), the emulated network {len(graph_outputs)}: "
-                             f"was the .om built from this build's {build.source_onnx.name}?")
-    stats = [_Stats() for _ in graph_outputs]
+    # the source model's constant outputs follow the others in the deploy graph (Graph.constant_outputs)
+    constants = {k: np.asarray(v, np.float64).reshape(1, -1) for k, v in emulator.graph.constant_outputs.items()}
+    if len(out_names) != len(graph_outputs) + len(constants):
+        raise QuantflowError(f"the .om has {len(out_names)} output(s), the emulated network "
+                             f"{len(graph_outputs) + len(constants)}: was the .om built from this build's "
+                             f"{build.source_onnx.name}?")
+    stats = [_Stats() for _ in out_names]
     for s in range(0, len(paths), batch):
         chunk = load_images(paths[s:s + batch], *shape)
         real = len(chunk)
@@ -97,7 +110,7 @@ def compare(build: LastBuild, session, names: list[str], paths: list, shape) -> 
                                  f"AIPP config ({build.params.get('input_format')}) are {x.nbytes}: was the .om "
                                  f"built with {build.dirs['aipp'] / 'aipp.cfg'}?")
         try:
-            device = session.infer([x])
+            device = session.infer([x] + [value for _, value in others])
         except (RuntimeError, ValueError, OSError) as err:
             raise QuantflowError(f"ais_bench inference failed on images {s + 1}-{s + real}: {err}") from None
         emulated = emulator.outputs(emulator_input(build, chunk))
@@ -108,8 +121,13 @@ def compare(build: LastBuild, session, names: list[str], paths: list, shape) -> 
                 raise QuantflowError(f".om output {out_names[k]} holds {d.size} values per batch, the emulation's "
                                      f"{name} {batch * e.shape[1]}")
             stats[k].add(d.reshape(batch, -1)[:real], e)
+        for k, (name, e) in enumerate(constants.items(), len(graph_outputs)):   # the same value for every image
+            d = np.asarray(device[k]).reshape(1, -1)
+            if d.size != e.size:
+                raise QuantflowError(f".om output {out_names[k]} holds {d.size} values, the constant {name} {e.size}")
+            stats[k].add(np.repeat(d, real, axis=0), np.repeat(e, real, axis=0))
     return [{"output": out_names[k], "emulated": name, **stats[k].result(names)}
-            for k, name in enumerate(graph_outputs)]
+            for k, name in enumerate(graph_outputs + list(constants))]
 
 
 def emulator_input(build: LastBuild, images: np.ndarray) -> np.ndarray:

@@ -95,8 +95,9 @@ def _float_node(node, inputs: list[np.ndarray], constant: list[bool], opset: int
     return [o.astype(F16).astype(F32) if o.dtype == F32 else o for o in outs]
 
 
-def run(model: onnx.ModelProto, x16: np.ndarray) -> list[np.ndarray]:
-    """The deploy graph's outputs for float16 input ``x16`` (one static batch)."""
+def run(model: onnx.ModelProto, x16: np.ndarray, others: dict | None = None) -> list[np.ndarray]:
+    """The deploy graph's outputs for float16 input ``x16`` (one static batch); ``others``: the graph's other
+    inputs by name, each computed in float16 as the device computes a float input."""
     g = model.graph
     opset = model.opset_import[0].version
     inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
@@ -104,6 +105,7 @@ def run(model: onnx.ModelProto, x16: np.ndarray) -> list[np.ndarray]:
     quantized_inputs = {i for n in g.node if n.op_type in ("Conv", "Gemm")
                         for i in n.input[1:] if i in inits and inits[i].dtype in (np.int8, np.int32)}
     env = {g.input[0].name: np.asarray(x16, F16).astype(F32)}
+    env.update({k: np.asarray(v, F16).astype(F32) for k, v in (others or {}).items()})
     for k, v in inits.items():
         env[k] = v.astype(F16).astype(F32) if v.dtype == F32 and k not in quantized_inputs else v
     for node in g.node:
