@@ -633,9 +633,6 @@ class QuantflowConfig(_Section):
     def _consistent(self):
         if self.train is not None and self.model.entry is None:
             raise ValueError("[train] needs model.entry (the network to train)")
-        if self.model.inputs and self.build.batch_sizes:
-            raise ValueError(f"build.batch_sizes with model.inputs ({', '.join(self.model.inputs)}): a deploy.onnx "
-                             f"free in the batch is made for a single-input network only; remove build.batch_sizes")
         if self.model.inputs and self.retrain is not None:
             raise ValueError(f"[retrain] with model.inputs ({', '.join(self.model.inputs)}): retraining runs "
                              f"single-input networks only; remove [retrain]")

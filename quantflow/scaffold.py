@@ -507,7 +507,7 @@ def write_config(a) -> tuple[Path, list[str]]:
         evaluation_lines=evaluation.replace("{eval}", _rel(a.eval, base)),
         calib=_rel(a.calib, base), count=count, count_note=count_note,
         template="static_yuv400_u8.cfg" if shape[1] == 1 else "static_rgb888_u8.cfg",
-        batch_line=BATCH_LINE if declared and declared[0] is None and not others else "",
+        batch_line=BATCH_LINE if declared and declared[0] is None else "",
         frame_order="GRAY" if shape[1] == 1 else "BGR")
     if guesses:   # after the [model] keys: it opens the [model.inputs] table
         text = text.replace("\n[normalization]\n", f"\n{_inputs_toml(guesses)}\n[normalization]\n", 1)

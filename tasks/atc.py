@@ -44,7 +44,8 @@ def conversions(cfg) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
 
 def other_inputs(model: Path, framework: int) -> dict[str, list[int]]:
     """The inputs of the ONNX ``model`` atc converts other than the image (its first input: the graph IR's
-    order, ``Graph.fixed_inputs``), name -> static shape; none for an AIR."""
+    order, ``Graph.fixed_inputs``), name -> shape as declared (the batch, their first axis, 0 where it is free);
+    none for an AIR."""
     import onnx
 
     if framework != 5:
@@ -84,11 +85,13 @@ def atc_stage(cfg, kdir: Path, export_dir: Path, aipp_dir: Path) -> dict:
         shutil.rmtree(scratch, ignore_errors=True)
         built, logs = {}, []
         try:
+            others = other_inputs(export_dir / model, framework) if cfg.model.inputs else {}
             for name, shape, profiles in conversions(cfg):
+                # the other inputs hold the images on their first axis: at this .om's batch, or -1 with profiles
+                at_batch = {k: [-1 if profiles else shape[0]] + v[1:] for k, v in others.items()}
                 cmd = atc_command(atc, export_dir / model, framework, scratch / name, cfg.build.soc_version,
                                   Path(aipp_dir) / AIPP_CFG, cfg.build.precision_mode, cfg.model.input_name,
-                                  shape, cfg.build.atc_args, profiles,
-                                  other_inputs(export_dir / model, framework) if cfg.model.inputs else {})
+                                  shape, cfg.build.atc_args, profiles, at_batch)
                 status["command"] = cmd
                 print("running: " + " ".join(cmd))
                 result = run_atc(cmd, scratch / name, cfg.build.atc_timeout_s)

@@ -37,9 +37,11 @@ def export_stage(cfg, kdir: Path, graph_dir: Path, qparams_dir: Path, calibratio
     source = "model.onnx" if cfg.model.onnx else EXPORTED_MINDIR
     copy_file(model_file(cfg, graph_dir), kdir / source)
     checks = {}
+    source_graph = read_graph(cfg, graph_dir)
     if cfg.build.batch_sizes and cfg.build.atc_model == "fp32":   # atc converts graph.onnx with batch profiles
-        fp32 = free_batch(onnx.load(str(Path(graph_dir) / GRAPH_ONNX)), GRAPH_ONNX)
-        checks["fp32_batch_check"] = check_free_batch(fp32, cfg, calibration_paths, GRAPH_ONNX, np.float32)
+        fp32 = free_batch(onnx.load(str(Path(graph_dir) / GRAPH_ONNX)), GRAPH_ONNX, source_graph.constant_outputs)
+        checks["fp32_batch_check"] = check_free_batch(fp32, cfg, calibration_paths, GRAPH_ONNX, np.float32,
+                                                      fixed=fixed_feeds(source_graph, fp32))
         save_onnx(fp32, kdir / GRAPH_ONNX)
     else:
         copy_file(Path(graph_dir) / GRAPH_ONNX, kdir / GRAPH_ONNX)
@@ -50,12 +52,12 @@ def export_stage(cfg, kdir: Path, graph_dir: Path, qparams_dir: Path, calibratio
         status = {"mindir": None if cfg.model.onnx else EXPORTED_MINDIR, "air": None,
                   "air_skipped": f"{source} was given without model.entry: AIR is exported from the network"}
     status.update(model_file=source, **checks)
-    graph = fold_for_quantization(read_graph(cfg, graph_dir))
+    graph = fold_for_quantization(source_graph)
     qp = QuantParams.load(qparams_dir)
     deploy = quantized_graph(graph, qp)
     model = deploy_model(deploy, cfg.model.input_name)
     if cfg.build.batch_sizes:
-        model = free_batch(model, DEPLOY_ONNX)
+        model = free_batch(model, DEPLOY_ONNX, deploy.constant_outputs)
         status["batch_check"] = batch_consistency(cfg, deploy, calibration_paths)
     check_deploy(model)
     save_onnx(model, kdir / DEPLOY_ONNX)
@@ -77,12 +79,21 @@ def batch_consistency(cfg, deploy, calibration_paths) -> dict:
 
     emulation = free_batch(lower(deploy, "float16"), f"{DEPLOY_ONNX} (its INT8 emulation)")
     return check_free_batch(emulation, cfg, calibration_paths, f"{DEPLOY_ONNX} (INT8 emulation)", np.float16,
-                    keeps_every_step(emulation))
+                            keeps_every_step(emulation), fixed_feeds(deploy, emulation))
 
 
-def check_free_batch(model, cfg, calibration_paths, what: str, dtype, keeps=None) -> dict:
+def fixed_feeds(graph, model) -> dict:
+    """``graph``'s other inputs' values (``Graph.fixed_inputs``) by the names of ``model``, its lowering (whose
+    inputs are the graph's, in order, some renamed)."""
+    inits = {t.name for t in model.graph.initializer}
+    names = dict(zip(graph.inputs, (i.name for i in model.graph.input if i.name not in inits)))
+    return {names[k]: v for k, v in graph.fixed_inputs.items()}
+
+
+def check_free_batch(model, cfg, calibration_paths, what: str, dtype, keeps=None, fixed=None) -> dict:
     """``batch_check`` of ``model`` on calibration images in the training preprocessing (as ``dtype``: the
-    emulation's float16 input stands for the AIPP output); raises where a batch differs from its images alone."""
+    emulation's float16 input stands for the AIPP output), its other inputs fed ``fixed`` (``fixed_feeds``);
+    raises where a batch differs from its images alone."""
     from quantflow.backends.batch import batch_check
     from quantflow.errors import DataError, UnsupportedNetworkError
 
@@ -91,7 +102,7 @@ def check_free_batch(model, cfg, calibration_paths, what: str, dtype, keeps=None
     if not paths:
         raise DataError("build.batch_sizes: no calibration images to check the batch-free deploy graph on")
     images = next(iter(image_batches(cfg, paths, len(paths)))).astype(dtype)
-    report = batch_check(model, images, largest, keeps)
+    report = batch_check(model, images, largest, keeps, fixed)
     if not report["identical"]:
         worst = report["outputs"][report["worst"]]
         raise UnsupportedNetworkError(

@@ -5,6 +5,7 @@ written by ``quantflow init``, and built end to end."""
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from quantflow.config import ModelSection, load_config
 from quantflow.data.extra_inputs import guess, sample_value
 from quantflow.engine.int8_emulator import Emulator
 from quantflow.engine.runner import float_runner
-from quantflow.errors import AippMismatchError, ConfigError, UnsupportedNetworkError
+from quantflow.errors import AippMismatchError, UnsupportedNetworkError
 from quantflow.frontends.onnx_model import read_onnx
 from quantflow.frontends.source import onnxruntime_outputs
 from quantflow.quantization.calibrater import calibrate
@@ -194,11 +195,42 @@ def test_init_writes_the_inputs_table_and_the_build_reads_it(tmp_path):
     assert load_config(out).model.inputs["scale_factor"].value == [1.0, 1.0]
 
 
-def test_batch_sizes_with_model_inputs_is_a_configuration_error(tmp_path):
+@pytest.mark.parametrize("atc_model,commands", [
+    ("int8", ["image:1,3,32,32;scale_factor:1,2", "image:4,3,32,32;scale_factor:4,2"]),   # one static .om each
+    ("fp32", ["image:-1,3,32,32;scale_factor:-1,2 --dynamic_batch_size=1,4"])])
+def test_batch_sizes_free_every_input_and_name_each_at_the_batch_for_atc(tmp_path, monkeypatch, atc_model, commands):
+    """build.batch_sizes with model.inputs: deploy.onnx (graph.onnx for an FP32 .om) is free in the batch of both
+    inputs and of the computed outputs, the constant output keeps its shape, the batch check feeds scale_factor at
+    the largest batch, and atc names scale_factor at each .om's batch (-1 with batch profiles)."""
+    from test_atc import FAKE_ATC
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "atc").write_text(FAKE_ATC)
+    (bindir / "atc").chmod(0o755)
+    log = tmp_path / "atc_calls.jsonl"
+    monkeypatch.setenv("FAKE_ATC_LOG", str(log))
+    monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     out = _init_two_input_project(tmp_path)
-    out.write_text(out.read_text().replace("\n[build]\n", "\n[build]\nbatch_sizes = [1, 4]\n", 1))
-    with pytest.raises(ConfigError, match="build.batch_sizes with model.inputs \\(scale_factor\\)"):
-        load_config(out)
+    line = "# batch_sizes = [1, 8, 16]"   # init offers it: the file's batch is free
+    assert line in out.read_text()
+    out.write_text(out.read_text().replace(line, f'batch_sizes = [1, 4]\natc_model = "{atc_model}"', 1))
+    r = quantflow.build(out)
+    assert r.passed is True
+    export = Path(r.artifacts["export"])
+    status = json.loads((export / "export.json").read_text())
+    check = status["batch_check" if atc_model == "int8" else "fp32_batch_check"]
+    assert check["batch"] == 4 and check["identical"] is True
+    assert ("box_scale" in check["outputs"]) == (atc_model == "fp32")   # graph.onnx keeps it; the emulation not
+    model = onnx.load(str(export / ("deploy.onnx" if atc_model == "int8" else "graph.onnx")))
+    dims = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+            for vi in list(model.graph.input) + list(model.graph.output)}
+    assert dims["image"] == ["batch", 3, SIZE, SIZE] and dims["scale_factor"] == ["batch", 2]
+    assert dims["box_scale"] == [2] and all(d[0] == "batch" for k, d in dims.items() if k != "box_scale")
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [" ".join(a for a in c if a.startswith(("--input_shape", "--dynamic_batch_size"))) for c in calls] == \
+        [f"--input_shape={c}" for c in commands]
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,11 @@ recurrent layer's initial state).  ``free_batch`` follows the batch axis from th
 rewrites each such constant where an exact batch-free form exists: a Reshape's batch entry becomes 0 (the input's
 own batch dimension, at the same axis) or -1 (the one entry that scales with the batch: the others hold one
 sample's dimensions), a Slice over the whole batch runs to the end, an Expand's batch entry becomes 1, a Resize's
-sizes become the same integer scales, an all-zero initial state is dropped (ONNX's default is zeros).  The input's
-batch dimension and each output's become the dim_param ``batch``.  Where the batch cannot be followed exactly (an
-op that mixes samples, a constant shaped by the batch), ``UnsupportedNetworkError`` names the node.
+sizes become the same integer scales, an all-zero initial state is dropped (ONNX's default is zeros).  Every input's
+batch dimension (a network's other inputs, ``model.inputs``, hold the images on their first axis too) and each
+output's become the dim_param ``batch``; an output computed from no input (a constant output) keeps its shape.
+Where the batch cannot be followed exactly (an op that mixes samples, a constant shaped by the batch),
+``UnsupportedNetworkError`` names the node.
 
 ``batch_check`` runs a batch-free emulation at the largest configured batch and each image alone: the device runs
 the samples of a batch independently, so the outputs must agree bit for bit.
@@ -47,9 +49,9 @@ class _Tracker:
         self.m, self.what = model, what
         self.inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
         self.shapes = _static_shapes(model)
-        inp = model.graph.input[0].name
-        self.n = self.shapes[inp][0]
-        self.state: dict[str, tuple[int, bool]] = {inp: (0, True)}
+        inputs = _inputs(model)
+        self.n = self.shapes[inputs[0].name][0]
+        self.state: dict[str, tuple[int, bool]] = {i.name: (0, True) for i in inputs}
         self._fresh = 0
 
     def fail(self, node, why: str):
@@ -84,6 +86,12 @@ class _Tracker:
             out = _HANDLERS.get(node.op_type, _elementwise)(self, node, self.state[carried[0]], carried)
             if out is not None:   # else the handler set each output's own
                 self.state.update((o, out) for o in node.output if o)
+
+
+def _inputs(model: onnx.ModelProto) -> list:
+    """The graph's inputs (not its initializers), the image input first."""
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
 
 
 def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
@@ -361,23 +369,27 @@ _HANDLERS = {**{op: _per_sample for op in _PER_SAMPLE}, **{op: _along_axis for o
              "Tile": _tile, "Resize": _resize, "Pad": _pad, "MatMulInteger": _matmul}
 
 
-def free_batch(model: onnx.ModelProto, what: str) -> onnx.ModelProto:
-    """``model`` (a single-input lowering of a static graph IR, any target) with a free batch: the batch
-    constants rewritten (module doc), the input's batch dimension and each output's the dim_param ``batch``.
-    ``what`` names the graph in errors (e.g. the file).  Raises UnsupportedNetworkError naming the node (or the
-    output) where no exact batch-free form exists."""
+def free_batch(model: onnx.ModelProto, what: str, constant_outputs=()) -> onnx.ModelProto:
+    """``model`` (a lowering of a static graph IR, any target: the image input first, any other inputs with the
+    images on their first axis) with a free batch: the batch constants rewritten (module doc), every input's batch
+    dimension and each output's the dim_param ``batch``.  ``constant_outputs``: the outputs computed from no input
+    (``Graph.constant_outputs``), which keep their shape.  ``what`` names the graph in errors (e.g. the file).
+    Raises UnsupportedNetworkError naming the node (or the output) where no exact batch-free form exists."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     t = _Tracker(m, what)
     t.run()
     for vi in m.graph.output:
         st = t.state.get(vi.name)
+        if st is None and vi.name in constant_outputs:
+            continue
         if st is None or not st[1]:
             why = "does not depend on the input" if st is None else "holds the batch merged with another axis"
             raise UnsupportedNetworkError(f"{what}: output {vi.name!r} {why}, so the graph cannot run at a free "
                                           f"batch size; build.batch_sizes cannot be used with this network")
         _free_dim(vi, st[0])
-    _free_dim(m.graph.input[0], 0)
+    for vi in _inputs(m):
+        _free_dim(vi, 0)
     del m.graph.value_info[:]
     return m
 
@@ -397,11 +409,15 @@ def batch_free_axes(model: onnx.ModelProto) -> dict[str, int | None]:
 
 # ----------------------------------------------------------------------------- the check
 
-def batch_check(model: onnx.ModelProto, samples: np.ndarray, batch: int, keeps=None) -> dict:
+def batch_check(model: onnx.ModelProto, samples: np.ndarray, batch: int, keeps=None,
+                fixed: dict[str, np.ndarray] | None = None) -> dict:
     """Run the batch-free runnable ``model`` (the INT8 emulation, or a float graph) on ``batch`` samples at once
     (``samples`` repeated in turn to fill it) and on each of ``samples`` alone; each output's rows must equal the
-    alone runs bit for bit.  Returns {"batch", "images", "identical", "outputs": {name: {"max_abs_diff",
-    "differing"}}, "worst"} (worst: the output with the largest difference, None when identical)."""
+    alone runs bit for bit (an output with no batch axis, a constant, must equal one alone run's).  ``fixed``: the
+    model's other inputs by name, each with one sample's value, fed beside every sample (``Graph.fixed_inputs``).
+    Returns {"batch", "images", "identical", "outputs": {name: {"max_abs_diff", "differing"}}, "worst"} (worst: the
+    output with the largest difference, None when identical)."""
+    from ..data.extra_inputs import batch_of
     from ..engine.runner import session
 
     sess = session(model, keeps=keeps)
@@ -409,13 +425,19 @@ def batch_check(model: onnx.ModelProto, samples: np.ndarray, batch: int, keeps=N
     axes = batch_free_axes(model)
     dtype = np.float16 if feed.type == "tensor(float16)" else np.float32
     samples = np.asarray(samples, dtype)
-    alone = [sess.run(names, {feed.name: samples[i:i + 1]}) for i in range(len(samples))]
+    types = {i.name: (np.float16 if i.type == "tensor(float16)" else np.float32) for i in sess.get_inputs()}
+
+    def feeds(x):
+        return {feed.name: x, **{k: np.ascontiguousarray(batch_of(np.asarray(v), len(x)), types[k])
+                                 for k, v in (fixed or {}).items()}}
+
+    alone = [sess.run(names, feeds(samples[i:i + 1])) for i in range(len(samples))]
     order = [i % len(samples) for i in range(batch)]
-    together = sess.run(names, {feed.name: samples[order]})
+    together = sess.run(names, feeds(samples[order]))
     outputs, worst = {}, None
     for j, name in enumerate(names):
         axis = axes[name]
-        expected = np.concatenate([alone[i][j] for i in order], axis=axis)
+        expected = alone[0][j] if axis is None else np.concatenate([alone[i][j] for i in order], axis=axis)
         got = together[j]
         if got.shape != expected.shape:
             raise UnsupportedNetworkError(f"batch check: output {name!r} has shape {list(got.shape)} at batch "
