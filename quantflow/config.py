@@ -73,6 +73,9 @@ class ModelSection(_Section):
     inputs: dict[str, ExtraInput] = Field(
         default_factory=dict, description="model.onnx only: the inputs other than the image, each by its name in "
                                           "the file, with the value every image is fed with")
+    outputs: tuple[str, ...] = Field(
+        default=(), description="model.onnx only: tensors of the file the network ends at (its outputs become "
+                                "these; what follows them, a NonMaxSuppression tail, runs on the host)")
     num_classes: Optional[int] = Field(
         default=None, gt=1, description="classes of the classification output (needed by evaluation.metric = "
                                         "\"top1\"); passed to model.entry when it takes num_classes")
@@ -107,6 +110,9 @@ class ModelSection(_Section):
         if self.inputs and self.onnx is None:
             raise ValueError(f"model.inputs ({', '.join(self.inputs)}) applies to model.onnx only; {given[0]} is read "
                              f"as a single-input network: remove model.inputs")
+        if self.outputs and self.onnx is None:
+            raise ValueError(f"model.outputs ({', '.join(self.outputs)}) applies to model.onnx only; {given[0]} is read "
+                             f"with its own outputs: remove model.outputs")
         if self.input_name in self.inputs:
             raise ValueError(f"model.inputs.{self.input_name}: model.input_name {self.input_name!r} names the image "
                              f"input, which takes the images, not a value")

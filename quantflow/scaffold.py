@@ -81,6 +81,11 @@ workers = 1                  # local worker processes for the gate and the per-l
 """
 
 
+# where the model file ends in a suppression (quantflow.frontends.onnx_cut): the cut init makes
+SUPPRESSION_LINES = """# the file ends in NonMaxSuppression (node {node}): the device computes up to its inputs, the decoded
+# boxes and the class scores; the application suppresses overlaps on the host (docs/onnx-models.md, Suppression)
+outputs = {outputs}"""
+
 # where the model file leaves its batch free (a recogniser fed each frame's crops): the option, commented out
 BATCH_LINE = """# batch_sizes = [1, 8, 16]  # the model file's batch is free: the batch sizes the device serves (one INT8 .om each)
 """
@@ -169,7 +174,9 @@ def _inputs_toml(guesses: dict) -> str:
 
 def _declared_input(a) -> tuple[list | None, str | None, dict]:
     """The model file's image input dims (None where dynamic) and name, and its other inputs' dims by name (an ONNX
-    file's: the image input is its one 4-D input); (None, None, {}) for an --entry network."""
+    file's: the image input is its one 4-D input); (None, None, {}) for an --entry network.  An ONNX file ending in
+    a suppression is read cut before it: ``a.suppression`` (``onnx_cut.suppression_tail``) and ``a.outputs`` (the
+    cut, which init writes as model.outputs) are set."""
     if a.onnx is not None:
         import onnx
         if not a.onnx.is_file():
@@ -179,8 +186,13 @@ def _declared_input(a) -> tuple[list | None, str | None, dict]:
             model = onnx.load(str(a.onnx), load_external_data=False)
         except Exception as err:  # protobuf's DecodeError
             raise ConfigError(f"--onnx: {a.onnx} is not a readable ONNX file: {err}") from None
-        g = model.graph
         refuse_quantized(model, str(a.onnx))   # an already quantized model: say so now, not at the build
+        from .frontends.onnx_cut import cut, suppression_tail
+        a.suppression = suppression_tail(model)
+        if a.suppression is not None:   # the device computes up to the suppression's inputs (model.outputs)
+            a.outputs = [a.suppression.boxes, a.suppression.scores]
+            model = cut(model, a.outputs, str(a.onnx))
+        g = model.graph
         init = {i.name for i in g.initializer}
         inputs = [i for i in g.input if i.name not in init]
         dims = {i.name: [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
@@ -327,7 +339,7 @@ def _run_outputs(a, shape: list[int], classes: int | None, layout: str = "NCHW",
     except Exception as err:  # images that cannot be prepared here: init still writes a config
         return None, 0, _first_line(err)
     if a.onnx is not None:
-        return _onnxruntime_runs(a.onnx, batches, shape, layout, extra), images, ""
+        return _onnxruntime_runs(a.onnx, batches, shape, layout, extra, getattr(a, "outputs", ())), images, ""
     try:
         import numpy as np
 
@@ -349,9 +361,10 @@ def _first_line(err: Exception) -> str:
 
 
 def _onnxruntime_runs(path: Path, batches: list, shape: list[int], layout: str = "NCHW",
-                     extra: dict | None = None) -> list[list]:
+                     extra: dict | None = None, outputs=()) -> list[list]:
     """onnxruntime's outputs of the ONNX file on each batch (N, C, H, W; fed in the file's ``layout``): what the
-    build checks the graph IR against; ``extra``: the other inputs' values ([model.inputs] as init writes it).  A
+    build checks the graph IR against; ``extra``: the other inputs' values ([model.inputs] as init writes it);
+    ``outputs``: the tensors the file is cut at (``model.outputs`` as init writes it).  A
     ConfigError where onnxruntime cannot load or run the file, with onnxruntime's error, the nodes outside
     standard ONNX (domain and op) and the fix."""
     import numpy as np
@@ -361,7 +374,7 @@ def _onnxruntime_runs(path: Path, batches: list, shape: list[int], layout: str =
     from .frontends.onnx_model import file_input_batch, file_input_shape, onnxruntime_model
     try:
         extra = extra or {}
-        model = onnxruntime_model(path, shape, layout, extra)   # a converter's leftover in its standard form
+        model = onnxruntime_model(path, shape, layout, extra, outputs)   # leftovers in standard form, the cut
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
@@ -402,6 +415,8 @@ def _cannot_run_message(path: Path, err: Exception, shape: list[int]) -> str:
 def _output_names(a) -> list[str] | None:
     """The names the gate gives the outputs of a model file (an ONNX file's declared outputs, a MindIR's by
     position); None for a network built from an entry (its MindIR is exported by the build)."""
+    if getattr(a, "outputs", None):
+        return list(a.outputs)
     if a.onnx is not None:
         import onnx
         return [o.name for o in onnx.load(str(a.onnx), load_external_data=False).graph.output]
@@ -488,6 +503,11 @@ def write_config(a) -> tuple[Path, list[str]]:
         run_note = f"# EDIT: the network could not be run here to read its outputs ({why})"
     if a.onnx is not None:
         source = f'onnx = "{_rel(a.onnx, base)}"'
+        tail = getattr(a, "suppression", None)
+        if tail is not None:
+            source += "\n" + SUPPRESSION_LINES.format(outputs=json.dumps(a.outputs), node=tail.node)
+            if head is not None and head.metric == "anchor_detection" and tail.iou is not None:
+                head.options["nms_iou"] = round(tail.iou, 6)   # the file's own suppression, on both networks
     elif a.mindir is not None:
         source = f'mindir = "{_rel(a.mindir, base)}"'
     else:

@@ -35,8 +35,9 @@ def output_names(cfg, graph) -> dict | None:
     if cfg.model.onnx is None:
         return None
     import onnx
-    declared = [o.name for o in onnx.load(str(cfg.path(cfg.model.onnx)), load_external_data=False).graph.output
-                if o.name not in graph.constant_outputs]   # not among the IR's outputs
+    names = cfg.model.outputs or [o.name for o in onnx.load(str(cfg.path(cfg.model.onnx)),
+                                                            load_external_data=False).graph.output]
+    declared = [n for n in names if n not in graph.constant_outputs]   # not among the IR's outputs
     return dict(zip(graph.outputs, declared)) if len(declared) == len(graph.outputs) else None
 
 

@@ -27,6 +27,8 @@ SLOW_MODULES = {
 SLOW_TESTS = {
     "test_detector::test_a_detector_project_is_gated_on_every_output",  # three `quantflow build` runs
     "test_methods::test_zoo_comparison_reports_every_method",           # a zoo network, every range method
+    "test_suppression::test_a_detector_with_its_suppression_builds_as_init_writes_it",
+    "test_extra_inputs::test_batch_sizes_free_every_input_and_name_each_at_the_batch_for_atc",
 }
 
 

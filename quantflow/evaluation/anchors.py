@@ -3,9 +3,11 @@ MediaPipe's BlazeFace / BlazePalm / pose detector, RetinaFace-style heads; ``tas
 protocol).
 
 Such a head returns, per anchor, box regressors ([images, anchors, 4 + extra]: the box, then keypoints or nothing;
-``options.boxes``) and class logits or scores ([images, anchors, classes] or [images, anchors];
-``options.scores``); the network's user applies the score activation, decodes the boxes against the anchors and
-suppresses overlaps.  The metric reads both networks the same way:
+``options.boxes``) and class logits or scores ([images, anchors, classes] or [images, anchors]; [images, classes,
+anchors] with ``options.class_axis = 1``, as PaddleDetection writes them; ``options.scores``); the network's user
+applies the score activation, decodes the boxes against the anchors and suppresses overlaps.  A detector cut
+before its suppression (``model.outputs``: PaddleDetection's PicoDet and PP-YOLOE exports) returns its boxes
+decoded already, x1 y1 x2 y2 (``options.box_coder = "corners"``).  The metric reads both networks the same way:
 
 - **scores** after the head's activation (``options.activation``: ``"sigmoid"`` on logits, as MediaPipe's and TF's
   SSD; ``"softmax"`` over the classes, as RetinaFace and Caffe's SSD; ``"none"`` when the network applies it),
@@ -17,7 +19,8 @@ suppresses overlaps.  The metric reads both networks the same way:
   sw, sh): cx = tx / sx * wa + xa, cy = ty / sy * ha + ya, and w = tw / sw * wa, h = th / sh * ha (``box_coder``
   ``"linear"``, MediaPipe's detectors) or w = exp(tw / sw) * wa, h = exp(th / sh) * ha (``"exp"``: SSD's
   center-size coder and RetinaFace's, whose variances 0.1, 0.2 are the scales 10, 10, 5, 5); normalized to the
-  input, then in input pixels.
+  input, then in input pixels; with ``"corners"`` the first four columns are the box's corners as the network
+  computed them (no anchors).
 
 The anchors (``options.anchors``):
 
@@ -29,6 +32,8 @@ The anchors (``options.anchors``):
   ``options.nms_iou`` (0.3, MediaPipe's ``min_suppression_threshold``; MediaPipe blends overlapping boxes where
   this keeps the best, the same reading on both sides), at most ``options.max_detections``, matched as the ``detection`` metric matches them: an INT8
   detection to a free FP32 one of its class at IoU >= ``options.match_iou``, highest INT8 score first;
+- boxes decoded by the network (``box_coder = "corners"``): as with MediaPipe's anchors, each network's detections
+  are its anchors at or above the threshold, suppressed class by class and matched, whatever ``options.anchors``;
 - ``"index"`` (anchors not known from the file: SSD's and RetinaFace's priors come from their training configs):
   FP32 and INT8 share the anchors, so a detection is an anchor at or above the score threshold, and FP32's and
   INT8's are matched per anchor: the same anchor above it in both, with the same class, its two boxes decoded
@@ -82,7 +87,9 @@ class AnchorOptions(BaseModel):
     nms_iou: float = Field(default=0.3, gt=0.0, le=1.0)
     match_iou: float = Field(default=0.5, gt=0.0, le=1.0)
     max_detections: int = Field(default=100, gt=0)
-    box_coder: Literal["linear", "exp"] = "linear"
+    box_coder: Literal["linear", "exp", "corners"] = "linear"
+    class_axis: Literal[1, 2] = Field(default=2, description="the scores' axis of the classes: 2 for [images, "
+                                                             "anchors, classes], 1 for [images, classes, anchors]")
     box_order: Literal["xywh", "yxhw"] = "xywh"
     box_scale: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)
     anchors: Literal["index", "mediapipe"] = "index"
@@ -92,16 +99,33 @@ class AnchorOptions(BaseModel):
 
 
 # ------------------------------------------------------------------------------------------------ the head
-def _columns(shape) -> int | None:
-    """The columns per anchor of an output [n, anchors, k] (k) or [n, anchors] (1); None for other shapes."""
-    return int(shape[2]) if len(shape) == 3 else 1 if len(shape) == 2 else None
+def _columns(shape, class_axis: int = 2) -> int | None:
+    """The columns per anchor of an output [n, anchors, k] (k) or [n, anchors] (1) -- [n, k, anchors] with
+    ``class_axis`` 1 --; None for other shapes."""
+    return int(shape[class_axis]) if len(shape) == 3 else 1 if len(shape) == 2 else None
+
+
+def classes_first(shapes: dict[str, list[int]]) -> tuple[str, str] | None:
+    """(boxes, scores) of two outputs [n, anchors, 4] and [n, classes, anchors] (classes fewer than the anchors, at
+    least ``MIN_ANCHORS`` of them): PaddleDetection's boxes and scores before its suppression; else None."""
+    if len(shapes) != 2 or any(len(s) != 3 for s in shapes.values()):
+        return None
+    for boxes, scores in (tuple(shapes), tuple(shapes)[::-1]):
+        b, c = shapes[boxes], shapes[scores]
+        if b[2] == 4 and b[1] >= MIN_ANCHORS and c[0] == b[0] and c[2] == b[1] and c[1] < b[1]:
+            return boxes, scores
+    return None
 
 
 def pick_outputs(shapes: dict[str, list[int]]) -> tuple[str, str, list[str]] | None:
     """(boxes, scores, the others) among outputs (name -> shape) that are all [n, anchors, k] or [n, anchors] with
     the same n and anchors (at least ``MIN_ANCHORS``): the boxes are the one output of 4 columns, else the widest of
     4 + an even number (a box and keypoints); the scores the narrowest of the rest; the others (RetinaFace's
-    landmarks) must hold an even number of columns.  None where they are not such a head."""
+    landmarks) must hold an even number of columns.  Also the two outputs ``classes_first`` finds.  None where they
+    are not such a head."""
+    first = classes_first(shapes)
+    if first is not None:
+        return first[0], first[1], []
     if not 2 <= len(shapes) <= 3 or any(_columns(s) is None for s in shapes.values()):
         return None
     if len({(s[0], s[1]) for s in shapes.values()}) != 1 or next(iter(shapes.values()))[1] < MIN_ANCHORS:
@@ -145,7 +169,7 @@ def mediapipe_setting(anchors: int, height: int, width: int) -> tuple[tuple[int,
 def class_scores(out: np.ndarray, o: AnchorOptions) -> np.ndarray:
     """Each anchor's score per class (images, anchors, classes) after the activation, the background dropped."""
     a = np.asarray(out, np.float64)
-    a = a[..., None] if a.ndim == 2 else a
+    a = a[..., None] if a.ndim == 2 else a.swapaxes(1, 2) if o.class_axis == 1 else a
     if o.activation != "none" and o.clip is not None:
         a = np.clip(a, -o.clip, o.clip)
     if o.activation == "sigmoid":
@@ -162,6 +186,8 @@ def decode(raw: np.ndarray, anchors: np.ndarray, o: AnchorOptions, height: int, 
     """Boxes cx, cy, w, h in input pixels (images, anchors, 4) from the regressors' first four columns and the
     anchors (cx, cy, w, h normalized), as the module docstring says."""
     r = np.asarray(raw, np.float64)[..., :4]
+    if o.box_coder == "corners":   # x1 y1 x2 y2 as the network computed them
+        return np.concatenate([(r[..., :2] + r[..., 2:]) / 2, r[..., 2:] - r[..., :2]], -1)
     if o.box_order == "yxhw":
         r = r[..., [1, 0, 3, 2]]
     r = r / np.asarray(o.box_scale)
@@ -212,11 +238,13 @@ class AnchorDetection:
                 raise ConfigError(f"evaluation.options.{field}: the network has no output {name!r} "
                                   f"(its outputs: {', '.join(fp32)})")
         b, s = shapes[boxes], shapes[scores]
-        if len(b) != 3 or b[2] < 4 or _columns(s) is None or s[:2] != b[:2]:
+        anchors_of = (s[0], s[2]) if self.o.class_axis == 1 and len(s) == 3 else tuple(s[:2])
+        if len(b) != 3 or b[2] < 4 or _columns(s, self.o.class_axis) is None or anchors_of != tuple(b[:2]):
+            layout = "[images, classes, anchors]" if self.o.class_axis == 1 else "[images, anchors, classes]"
             raise ConfigError(f"evaluation.options.boxes / scores: output {boxes} {b} and output {scores} {s} are not "
-                              f"[images, anchors, 4 + extra] regressors and [images, anchors, classes] scores of the "
-                              f"same anchors")
-        k = _columns(s)
+                              f"[images, anchors, 4 + extra] regressors and {layout} scores of the same anchors "
+                              f"(evaluation.options.class_axis {self.o.class_axis})")
+        k = _columns(s, self.o.class_axis)
         if self.o.activation == "softmax" and k < 2:
             raise ConfigError(f"evaluation.options.activation: softmax over output {scores} {s}, which has one "
                               f"column; use \"sigmoid\"")
@@ -245,7 +273,7 @@ class AnchorDetection:
         fs, qs = (class_scores(x[scores], self.o) for x in (fp32, int8))
         records = []
         for i in range(len(batch.paths)):
-            if self.o.anchors == "index":
+            if self.o.anchors == "index" and self.o.box_coder != "corners":
                 nf, nq, m = per_anchor(fb[i], fs[i], qb[i], qs[i], self.o.score_threshold, self.o.match_iou)
             else:
                 f_b, _, f_c = detections(fb[i], fs[i].max(-1), fs[i].argmax(-1), self.o)

@@ -24,7 +24,10 @@ anchor points of a three-stride detector at the input size; also strides 4..32 (
   else sigmoid, softmax for two columns), class 0 the background where there are two or more; with keypoint
   columns and an anchor count MediaPipe's SSD anchors give at the input size (``anchors.MEDIAPIPE_ANCHORS``), those
   anchors and MediaPipe's box decoding (its score clip on logits), else the anchors by index (SSD's center-size
-  coder for 4 columns);
+  coder for 4 columns); boxes the network decoded (x1 <= x2 and y1 <= y2 on every anchor: a detector cut before
+  its suppression, ``model.outputs``) are read as corners, suppressed and matched, YOLO grid or not, with no
+  background class unless the scores are a softmax; scores [N, classes, anchors] beside boxes [N, anchors, 4]
+  (PaddleDetection's) are read with ``class_axis`` 1;
 - one output [N, 1, H, W] at the input resolution with every value in 0..1: a **text-region map** (DBNet) ->
   ``text_regions`` -- unless its name says it is a mask (``MASK_WORDS``);
 - one output [N, 1, H/s, W/s] or [N, H/s, W/s, 1] (s 1, 2, 4 or 8): a **one-channel mask** -> ``segmentation``
@@ -44,7 +47,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .anchors import MEDIAPIPE_CLIP, SSD_SCALE, mediapipe_setting, pick_outputs
+from .anchors import MEDIAPIPE_CLIP, SSD_SCALE, classes_first, mediapipe_setting, pick_outputs
 from .parts import propose_parts
 
 STRIDES = (8, 16, 32)
@@ -147,16 +150,27 @@ def _anchor_head(outputs: list[tuple[str, np.ndarray]], n: int, h: int, w: int) 
         return None
     boxes, scores, others = found
     count, kb = shapes[boxes][1], shapes[boxes][-1]
-    ks = shapes[scores][2] if len(shapes[scores]) == 3 else 1
-    if _strides(count, h, w) or _strides(count, h, w, 3):   # a YOLO grid: YOLO boxes and scores split apart
+    first = classes_first(shapes) is not None   # scores [images, classes, anchors]
+    ks = shapes[scores][1] if first else shapes[scores][2] if len(shapes[scores]) == 3 else 1
+    corners = kb == 4 and _corners(dict(outputs)[boxes])
+    if not corners and (_strides(count, h, w) or _strides(count, h, w, 3)):   # YOLO boxes and scores split apart
         return None
     values = dict(outputs)[scores]
     activation = "none" if _in_unit(values) else "softmax" if ks == 2 else "sigmoid"
-    options = {"boxes": boxes, "scores": scores, "activation": activation, **({"background": 0} if ks >= 2 else {})}
+    # class 0 the background where there are two or more, but not among a suppression's sigmoid scores
+    background = None if ks < 2 else 0 if activation == "softmax" or not corners else -1
+    options = {"boxes": boxes, "scores": scores, "activation": activation,
+               **({"background": background} if background is not None else {}),
+               **({"class_axis": 1} if first else {})}
     read = {"none": "scores in 0..1 (the network applies its activation)", "softmax": "logits (softmax)",
             "sigmoid": "logits (sigmoid)"}[activation]
     setting = mediapipe_setting(count, h, w) if kb > 4 else None
-    if setting:
+    if corners:
+        options.update(box_coder="corners")
+        how = ("boxes decoded by the network (x1 <= x2, y1 <= y2 on every anchor: a detector cut before its "
+               "suppression): each network's detections are its anchors at or above the score threshold, suppressed "
+               "class by class and matched")
+    elif setting:
         strides, per_cell = setting
         options.update(anchors="mediapipe", anchor_strides=list(strides), anchors_per_cell=per_cell,
                        box_scale=[w, h, w, h], **({"clip": MEDIAPIPE_CLIP} if activation == "sigmoid" else {}))
@@ -167,12 +181,19 @@ def _anchor_head(outputs: list[tuple[str, np.ndarray]], n: int, h: int, w: int) 
             options.update(box_coder="exp", box_scale=list(SSD_SCALE))
         how = (f"{count} anchors not known from the file: detections matched per anchor"
                + (" (SSD's center-size box coder)" if kb == 4 else ""))
-    box = "box" if kb == 4 else f"box 4 + {(kb - 4) // 2} keypoints x 2"
+    box = "box x1 y1 x2 y2" if corners else "box" if kb == 4 else f"box 4 + {(kb - 4) // 2} keypoints x 2"
     also = "".join(f", {k} {shapes[k]} beside" for k in others)
+    classes = f"{ks} class{'es' if ks > 1 else ''}{', class 0 the background' if background == 0 else ''}"
+    layout = f"[images, {classes}, anchors]" if first else f"[images, anchors, {classes}]"
     return Head("anchor_detection", f"an anchor-based detection head: {boxes} {shapes[boxes]} = [images, anchors, "
-                                    f"{box}], {scores} {shapes[scores]} = [images, anchors, {ks} class"
-                                    f"{'es' if ks > 1 else ''}{', class 0 the background' if ks >= 2 else ''}] "
-                                    f"{read}{also}; {how}", options)
+                                    f"{box}], {scores} {shapes[scores]} = {layout} {read}{also}; {how}", options)
+
+
+def _corners(boxes) -> bool:
+    """Whether every anchor's first four columns read x1 <= x2 and y1 <= y2 (boxes the network decoded): never so
+    for thousands of box regressors, which scatter around zero."""
+    b = np.asarray(boxes, np.float64)[..., :4]
+    return bool(b.size and np.ptp(b) > 0 and np.all(b[..., 2] >= b[..., 0]) and np.all(b[..., 3] >= b[..., 1]))
 
 
 def _mask(name: str, a: np.ndarray, n: int, h: int, w: int) -> Head | None:

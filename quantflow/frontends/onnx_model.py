@@ -52,6 +52,7 @@ import numpy as np
 from ..errors import UnsupportedNetworkError
 from ..ir import Graph, Node, TensorInfo
 from .onnx_custom import TRANSPOSE_CONV_BIAS, is_standard, standard_form, unknown_op_fix
+from .onnx_cut import SUPPRESSION_OPS, cut, suppression_fix
 from .onnx_ops import HANDLERS, Const, Ctx, ir_array, is_static
 
 INPUT_LAYOUTS = ("NCHW", "NHWC")        # the layouts of an ONNX file's image input quantflow reads
@@ -241,9 +242,11 @@ class _Reader:
         if handler is None:
             name = n.name or f"v{k}"
             domain = "ai.onnx, the default" if standard else repr(n.domain)
+            fix = (suppression_fix(n.input[0], n.input[1]) if standard and n.op_type in SUPPRESSION_OPS
+                   else unknown_op_fix(n.domain, n.op_type, self.opset))
             raise UnsupportedNetworkError(
                 f"{self.source}: unsupported ONNX op {n.op_type!r} (domain {domain}) at node {name}: quantflow cannot "
-                f"run or quantize it. Fix: {unknown_op_fix(n.domain, n.op_type, self.opset)} (supported ONNX ops: "
+                f"run or quantize it. Fix: {fix} (supported ONNX ops: "
                 f"{', '.join(sorted(HANDLERS))}, plus Identity, Dropout, Cast between float types, any standard op "
                 f"on constants, and MediaPipe's {TRANSPOSE_CONV_BIAS[0]} as tf2onnx leaves it)")
         handler(ctx)
@@ -301,7 +304,7 @@ def _dynamic_message(source: str, name: str, dims) -> str:
 
 
 def read_onnx(path, input_shape: Sequence[int] | None = None, input_layout: str = "NCHW",
-              extra_inputs: dict | None = None) -> Graph:
+              extra_inputs: dict | None = None, outputs: Sequence[str] = ()) -> Graph:
     """Read an ONNX model (a file, or an ``onnx.ModelProto``) into the graph IR.
 
     ``input_shape``: the shape of the image input, fixing its dynamic dimensions (a static
@@ -309,7 +312,8 @@ def read_onnx(path, input_shape: Sequence[int] | None = None, input_layout: str 
     layout of the file's input; with "NHWC" ``input_shape`` is still N, C, H, W, and the IR's input is N, C, H, W
     (``_channels_first``).  ``extra_inputs``: input name -> the value each image is fed with, for every input
     other than the image (``model.inputs``; ``quantflow.data.extra_inputs``): those inputs stay inputs (the
-    image input first), their values in ``Graph.fixed_inputs``, their batch axis fixed at the image's."""
+    image input first), their values in ``Graph.fixed_inputs``, their batch axis fixed at the image's.
+    ``outputs``: tensors the model is cut at (``model.outputs``, ``onnx_cut.cut``): they become its outputs."""
     import onnx
 
     if input_layout not in INPUT_LAYOUTS:
@@ -331,6 +335,8 @@ def read_onnx(path, input_shape: Sequence[int] | None = None, input_layout: str 
             raise UnsupportedNetworkError(f"{path} is not a readable ONNX file: {err}") from None
     if model.graph.sparse_initializer:
         raise UnsupportedNetworkError(f"{source}: sparse initializers are not supported")
+    if outputs:
+        model = cut(model, outputs, source)
     refuse_quantized(model, source)
     fixed = _fix_extra_inputs(model, source, extra_inputs or {}, input_shape)
     if input_shape is not None:
@@ -403,16 +409,23 @@ def _free(name: str, taken: set[str]) -> str:
     return name
 
 
-def onnxruntime_model(path, input_shape: Sequence[int], input_layout: str = "NCHW", extra_inputs: dict | None = None):
+def onnxruntime_model(path, input_shape: Sequence[int], input_layout: str = "NCHW", extra_inputs: dict | None = None,
+                      outputs: Sequence[str] = ()):
     """What onnxruntime runs for the ONNX file at ``path`` (as the reference for the reader): the file's path as
     given, or, where it holds ops a converter left behind with a standard meaning (``onnx_custom.standard_form``),
-    their standard form at ``input_shape`` (as configured: N, C, H, W whatever ``input_layout``), serialized.  It
-    takes the file's own input layout (``file_input_batch``)."""
+    their standard form at ``input_shape`` (as configured: N, C, H, W whatever ``input_layout``), serialized; cut at
+    ``outputs`` where given (``model.outputs``), serialized.  It takes the file's own input layout
+    (``file_input_batch``)."""
     import onnx
 
-    if not any(n.op_type in TRANSPOSE_CONV_BIAS for n in onnx.load(str(path), load_external_data=False).graph.node):
+    leftovers = any(n.op_type in TRANSPOSE_CONV_BIAS for n in onnx.load(str(path), load_external_data=False).graph.node)
+    if not leftovers and not outputs:
         return str(path)
     model = onnx.load(str(path))
+    if outputs:
+        model = cut(model, outputs, str(path))
+    if not leftovers:
+        return model.SerializeToString()
     fixed = _fix_extra_inputs(model, str(path), extra_inputs or {}, input_shape)
     _fix_input_shape(model, str(path), input_shape, input_layout, fixed)
     return standard_form(model, str(path)).SerializeToString()

@@ -220,14 +220,19 @@ def _gemm(ctx: Ctx):
 def _matmul(ctx: Ctx):
     xs, ws = ctx.shape(0), ctx.shape(1)
     ra, rb = len(xs), len(ws)
-    if ra < 2 or rb < 2:
+    weight = ctx.x(1) if rb == 2 else None
+    if rb == 1 and ra >= 2 and ctx.const(1) is not None:
+        # (..., K) @ (K,): ONNX promotes the vector to a (K, 1) matrix and drops that column from the result
+        # (PaddleDetection's distribution-to-distance integral, softmax over bins @ [0, 1, ..., K-1])
+        weight, ws = ctx.const_input(1, ctx.const(1).reshape(-1, 1), keep_name=False), [ws[0], 1]
+    elif ra < 2 or rb < 2:
         ctx.fail(f"MatMul with a 1-D operand (shapes {xs}, {ws})")
     attrs = {"transpose_a": False, "transpose_b": False, "rank_a": 2, "rank_b": 2}
-    if ra > 2 and rb == 2:  # a linear layer on (..., K): over rows of K, as MindSpore's nn.Dense computes it
+    if weight is not None and (ra > 2 or rb == 1):  # a linear layer on (..., K): over rows of K, as nn.Dense
         rows = TensorInfo((int(np.prod(xs[:-1])), xs[-1]), "float32")
-        flat = ctx.emit("Reshape", [ctx.x(0)], {"shape": list(rows.shape)}, suffix="rows", infos=[rows],
-                        result=None)[0]
-        y = ctx.emit("MatMul", [flat, ctx.x(1)], attrs, infos=[TensorInfo((rows.shape[0], ws[1]), "float32")],
+        flat = ctx.x(0) if ra == 2 else ctx.emit("Reshape", [ctx.x(0)], {"shape": list(rows.shape)}, suffix="rows",
+                                                 infos=[rows], result=None)[0]
+        y = ctx.emit("MatMul", [flat, weight], attrs, infos=[TensorInfo((rows.shape[0], ws[1]), "float32")],
                      result=None)[0]
         ctx.emit("Reshape", [y], {"shape": list(ctx.out_shape())}, suffix="unrows")
         return

@@ -3,7 +3,8 @@ IR, and the runtime whose output the IR is checked against.
 
 - ``model.onnx``: the ONNX file as given, read by ``onnx_model.read_onnx`` with its input fixed to
   ``model.input_shape`` (N, C, H, W; a channels-last file, ``model.input_layout = "NHWC"``, is read with an
-  N, C, H, W input); the reference is onnxruntime running that file unchanged, fed in its own layout.
+  N, C, H, W input) and, with ``model.outputs``, ending at those tensors (``onnx_cut.cut``); the reference is
+  onnxruntime running that file unchanged (cut the same way), fed in its own layout.
 - ``model.mindir``: the MindIR as given; ``model.entry`` + ``model.checkpoint``: the MindIR the graph
   stage exports into its folder.  The reference is MindSpore running the MindIR.
 """
@@ -44,7 +45,7 @@ def read_model(cfg, graph_dir: Path):
     if cfg.model.onnx:
         from .onnx_model import read_onnx
         return read_onnx(path, input_shape=cfg.model.input_shape, input_layout=cfg.model.input_layout,
-                         extra_inputs=extra_input_values(cfg))
+                         extra_inputs=extra_input_values(cfg), outputs=cfg.model.outputs)
     from .mindir import read_mindir
     return read_mindir(path)
 
@@ -85,18 +86,19 @@ _FLOATS = {"tensor(float16)": np.float16, "tensor(double)": np.float64}   # onnx
 
 
 def onnxruntime_outputs(path: Path, x: np.ndarray, batch: int, input_layout: str = "NCHW",
-                        fixed_inputs: dict | None = None) -> np.ndarray:
+                        fixed_inputs: dict | None = None, outputs=()) -> np.ndarray:
     """onnxruntime's output of the ONNX file as given (its first output; a converter's leftover with a standard
     meaning in its standard form, ``onnx_model.onnxruntime_model``) on ``x`` (N, C, H, W), which a channels-last
     file (``input_layout`` "NHWC") is fed as N, H, W, C: the comparison is with the file as exported.
-    ``fixed_inputs``: the other inputs' values per image (``Graph.fixed_inputs``), fed beside every image."""
+    ``fixed_inputs``: the other inputs' values per image (``Graph.fixed_inputs``), fed beside every image;
+    ``outputs``: the tensors the file is cut at (``model.outputs``)."""
     import onnxruntime as ort
 
     from ..data.extra_inputs import batch_of
     from .onnx_model import file_input_batch, onnxruntime_model
 
     fixed = fixed_inputs or {}
-    sess = ort.InferenceSession(onnxruntime_model(path, (batch,) + tuple(x.shape[1:]), input_layout, fixed),
+    sess = ort.InferenceSession(onnxruntime_model(path, (batch,) + tuple(x.shape[1:]), input_layout, fixed, outputs),
                                 providers=["CPUExecutionProvider"])
     feed = next(i for i in sess.get_inputs() if i.name not in fixed)
     dtype = _FLOATS.get(feed.type, np.float32)   # a model exported in half precision
@@ -114,5 +116,5 @@ def reference_outputs(cfg, graph_dir: Path, x: np.ndarray, batch: int, fixed_inp
     per image, ``Graph.fixed_inputs``)."""
     path = model_file(cfg, graph_dir)
     if cfg.model.onnx:
-        return onnxruntime_outputs(path, x, batch, cfg.model.input_layout, fixed_inputs)
+        return onnxruntime_outputs(path, x, batch, cfg.model.input_layout, fixed_inputs, cfg.model.outputs)
     return mindspore_outputs(path, x, batch)
