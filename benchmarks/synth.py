@@ -13,7 +13,10 @@ a gradient: a generic detector's), ``faces`` and ``faces_held_out`` (``shapes`` 
 in, and patches of real non-face photographs: a person detector's; the faces are the 100 of Labeled Faces in the
 Wild that scikit-image's wheel ships as ``skimage/data/lfw_subset.npy``, 25 x 25 grey, tinted to skin tones and
 scaled up; ``faces`` draws from the first half of the faces and of the non-face patches, ``faces_held_out`` from the
-second, so calibration and held-out images share no face), ``captcha`` (a text captcha as the ``captcha`` package's
+second, so calibration and held-out images share no face), ``scenes`` and ``scenes_held_out`` (``shapes`` with
+one to three of scikit-image's photographs of things a COCO detector knows pasted in -- a person, a cat, a
+motorcycle, a rocket; a man with a camera, a cup, the motorcycle from the other eye, a clock: the two kinds share no
+photograph -- and faces as ``faces``: a general object detector's), ``captcha`` (a text captcha as the ``captcha`` package's
 ``ImageCaptcha`` draws one, but seeded, in ``font_line``'s fonts: a captcha reader's). Text is drawn with
 ``cv2.putText`` (Hershey fonts); the same seed gives the same images on any machine (NumPy's PCG64 and OpenCV's
 deterministic rasterizer).
@@ -28,7 +31,7 @@ import cv2
 import numpy as np
 
 KINDS = ("line", "upright_line", "font_line", "page", "page4", "layout", "shapes", "faces", "faces_held_out",
-         "captcha")
+         "scenes", "scenes_held_out", "captcha")
 FONTS = (cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_DUPLEX, cv2.FONT_HERSHEY_COMPLEX, cv2.FONT_HERSHEY_TRIPLEX,
          cv2.FONT_HERSHEY_PLAIN)
 CHARS = string.ascii_letters + string.digits + "    .,:-"
@@ -252,6 +255,57 @@ def faces_held_out(rng, h: int, w: int) -> np.ndarray:
     return _faces(rng, h, w, 1)
 
 
+# scikit-image's photographs of things a COCO detector knows, in two sets that share no photograph
+SCENE_PHOTOS = (("astronaut.png", "chelsea.png", "motorcycle_left.png", "rocket.jpg"),
+                ("camera.png", "coffee.png", "motorcycle_right.png", "clock_motion.png"))
+
+
+@functools.cache
+def _photo(name: str) -> np.ndarray:
+    """One of scikit-image's photographs (BGR uint8), read from the wheel's data folder."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("skimage")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("the scenes kinds need scikit-image's data: pip install --no-deps scikit-image")
+    img = cv2.imread(str(Path(spec.submodule_search_locations[0]) / "data" / name), cv2.IMREAD_COLOR)
+    if img is None:
+        raise SystemExit(f"scikit-image's data holds no readable {name}")
+    return img
+
+
+def _scenes(rng, h: int, w: int, half: int) -> np.ndarray:
+    """``shapes`` with one to three of the set's photographs pasted in (each cropped to 60-100% of its sides,
+    scaled to 30-90% of the image's shorter side, flipped at random), and a face or two of that half of LFW."""
+    img = shapes(rng, h, w)
+    photos = SCENE_PHOTOS[half]
+    for _ in range(int(rng.integers(1, 4))):
+        src = _photo(photos[int(rng.integers(len(photos)))])
+        sh, sw = src.shape[:2]
+        ch, cw = int(sh * rng.uniform(0.6, 1.0)), int(sw * rng.uniform(0.6, 1.0))
+        y0, x0 = int(rng.integers(0, sh - ch + 1)), int(rng.integers(0, sw - cw + 1))
+        crop = src[y0:y0 + ch, x0:x0 + cw]
+        scale = min(h, w) * rng.uniform(0.3, 0.9) / max(ch, cw)
+        th, tw = max(8, int(ch * scale)), max(8, int(cw * scale))
+        patch = cv2.resize(crop, (tw, th), interpolation=cv2.INTER_AREA)
+        if rng.random() < 0.5:
+            patch = patch[:, ::-1]
+        y, x = int(rng.integers(0, h - th + 1)), int(rng.integers(0, w - tw + 1))
+        img[y:y + th, x:x + tw] = patch
+    faces, _ = lfw_half(half)
+    for _ in range(int(rng.integers(0, 3))):
+        _paste(img, rng, faces[rng.integers(len(faces))], np.array([0.72, 0.85, 1.0]) * rng.uniform(0.6, 1.2))
+    return img
+
+
+def scenes(rng, h: int, w: int) -> np.ndarray:
+    return _scenes(rng, h, w, 0)
+
+
+def scenes_held_out(rng, h: int, w: int) -> np.ndarray:
+    return _scenes(rng, h, w, 1)
+
+
 CAPTCHA_CHARS = string.digits + string.ascii_letters
 CAPTCHA_FONT_SIZES = (42 / 60, 50 / 60, 56 / 60)   # ImageCaptcha's (42, 50, 56) at its 60-pixel height
 
@@ -322,7 +376,8 @@ def captcha(rng, h: int, w: int) -> np.ndarray:
 
 
 DRAW = {"line": line, "upright_line": upright_line, "font_line": font_line, "page": page, "page4": page4,
-        "layout": layout, "shapes": shapes, "faces": faces, "faces_held_out": faces_held_out, "captcha": captcha}
+        "layout": layout, "shapes": shapes, "faces": faces, "faces_held_out": faces_held_out, "scenes": scenes,
+        "scenes_held_out": scenes_held_out, "captcha": captcha}
 
 
 def held_out(kind: str) -> str:
