@@ -46,6 +46,7 @@ def graph_stage(cfg, kdir: Path, calibration_paths: list[Path]) -> dict:
     from quantflow.frontends.source import check_given_file, model_file, reference_outputs, source_field
     from quantflow.ops import get as get_op
     from quantflow.quantization.passes import fold_for_quantization
+    from quantflow.quantization.calibrater import quantizable_nodes
 
     kdir = Path(kdir)
     check_given_file(cfg)
@@ -66,12 +67,17 @@ def graph_stage(cfg, kdir: Path, calibration_paths: list[Path]) -> dict:
     check = verify_graph(graph, x, reference, path, cfg.model.verify_tolerance,
                          "onnxruntime (the ONNX file as given)" if cfg.model.onnx else "MindSpore")
     save_onnx(lower(graph, "float32", input_name=cfg.model.input_name, constant_outputs=True), kdir / GRAPH_ONNX)
-    approximate = sorted(op for op in fold_for_quantization(graph).op_counts() if not get_op(op).exact_in_fp16)
+    folded = fold_for_quantization(graph)
+    approximate = sorted(op for op in folded.op_counts() if not get_op(op).exact_in_fp16)
+    quantizable = {n.name for n in quantizable_nodes(folded)}
     info = {"source": source, "model_file": str(path), "nodes": len(graph.nodes), "ops": graph.op_counts(),
             "parameters": int(sum(v.size for v in graph.initializers.values())), "verify": check,
             "float16_assumed_ops": approximate,
             "constant_outputs": {k: list(v.shape) for k, v in graph.constant_outputs.items()},
-            "fixed_inputs": {k: v.tolist() for k, v in graph.fixed_inputs.items()}}
+            "fixed_inputs": {k: v.tolist() for k, v in graph.fixed_inputs.items()},
+            # the quantizable ops computed from each of them: where none, its value changes nothing quantized
+            "fixed_inputs_reach": {k: [n.name for n in folded.downstream([k]) if n.name in quantizable]
+                                   for k in graph.fixed_inputs}}
     write_json(kdir / GRAPH_JSON, info)
     return info
 
@@ -87,7 +93,11 @@ def _run(b) -> None:
         print(f"note: output {name} (shape {shape}) is a constant: it depends on no input, so it is not run, calibrated "
               f"or gated; graph.onnx and deploy.onnx keep it, after the computed outputs")
     for name, value in info.get("fixed_inputs", {}).items():
-        print(f"input {name} fed {value} with every image (model.inputs); deploy.onnx keeps it as an input")
+        reach = info.get("fixed_inputs_reach", {}).get(name, [])
+        what = (f"it reaches {len(reach)} quantizable op(s) ({reach[0]}{', ...' if len(reach) > 1 else ''}): its value "
+                f"is part of what is calibrated" if reach else
+                "it reaches no quantizable op: its value changes nothing that is quantized")
+        print(f"input {name} fed {value} with every image (model.inputs); {what}; deploy.onnx keeps it as an input")
     if info["float16_assumed_ops"]:
         print(f"note: the INT8 emulation models {', '.join(info['float16_assumed_ops'])} as float32 math rounded to "
               f"float16; the device's own float16 kernels may differ in the last bit")

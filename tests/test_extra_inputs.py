@@ -251,6 +251,14 @@ def test_a_two_input_detector_builds_and_passes_its_gate(built_two_input):
     assert [o.name for o in deploy.graph.output][-1] == "box_scale"
     graph_info = json.loads((r.artifacts["graph"] / "graph.json").read_text())   # what the graph stage reported
     assert graph_info["constant_outputs"] == {"box_scale": [2]} and graph_info["fixed_inputs"] == {"scale_factor": SCALE}
+    assert graph_info["fixed_inputs_reach"] == {"scale_factor": []}   # it only scales the boxes after the Gemm
+
+
+def test_downstream_names_what_an_input_reaches(model):
+    g = _read(model)
+    assert [n.op for n in g.downstream(["scale_factor"])] == ["Concat", "ExpandDims", "Mul"]   # the boxes' scale
+    ops = [n.op for n in g.downstream(["image"])]
+    assert "Conv2D" in ops and "MatMul" in ops and len(g.downstream(["image"])) > len(g.downstream(["scale_factor"]))
 
 
 def test_verify_and_dump_feed_the_om_every_input(built_two_input, tmp_path, monkeypatch):

@@ -66,6 +66,15 @@ class Graph:
                 out.setdefault(i, []).append(n)
         return out
 
+    def downstream(self, names) -> list[Node]:
+        """The nodes computed, directly or through others, from the tensors ``names``, in graph order."""
+        reached, out = set(names), []
+        for n in self.nodes:   # topological order: a node's inputs are made before it
+            if any(i in reached for i in n.inputs):
+                out.append(n)
+                reached.update(n.outputs)
+        return out
+
     def shape(self, name: str) -> tuple[int, ...]:
         if name in self.initializers:
             return tuple(self.initializers[name].shape)
