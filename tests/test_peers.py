@@ -110,8 +110,23 @@ def lfw_stand_in(monkeypatch):
     return patches
 
 
+@pytest.fixture
+def photo_stand_in(monkeypatch):
+    """scikit-image's photographs (not a test dependency) stood in for by seeded images of their own sizes; the
+    names asked for are kept."""
+    asked = []
+
+    def photo(name):
+        asked.append(name)
+        rng = np.random.default_rng(sum(map(ord, name)))
+        return rng.integers(0, 256, (int(rng.integers(60, 120)), int(rng.integers(60, 120)), 3), np.uint8)
+
+    monkeypatch.setattr(synth, "_photo", photo)
+    return asked
+
+
 @pytest.mark.parametrize("kind", synth.KINDS)
-def test_images_are_seeded_and_at_the_size_asked(kind, tmp_path, lfw_stand_in):
+def test_images_are_seeded_and_at_the_size_asked(kind, tmp_path, lfw_stand_in, photo_stand_in):
     a = synth.draw(kind, 48, 64, np.random.default_rng(7))
     b = synth.draw(kind, 48, 64, np.random.default_rng(7))
     c = synth.draw(kind, 48, 64, np.random.default_rng(8))
@@ -129,6 +144,18 @@ def test_face_images_hold_out_their_own_faces(lfw_stand_in):
     # a face is pasted onto the shapes the same rng would draw
     plain = synth.shapes(np.random.default_rng(3), 64, 64)
     assert not np.array_equal(synth.draw("faces", 64, 64, np.random.default_rng(3)), plain)
+
+
+def test_scene_images_hold_out_their_own_photographs(lfw_stand_in, photo_stand_in):
+    assert synth.held_out("scenes") == "scenes_held_out"
+    assert not set(synth.SCENE_PHOTOS[0]) & set(synth.SCENE_PHOTOS[1])
+    for k in range(20):
+        synth.draw("scenes", 64, 64, np.random.default_rng(k))
+    assert set(photo_stand_in) <= set(synth.SCENE_PHOTOS[0])
+    photo_stand_in.clear()
+    for k in range(20):
+        synth.draw("scenes_held_out", 64, 64, np.random.default_rng(k))
+    assert set(photo_stand_in) <= set(synth.SCENE_PHOTOS[1]) and photo_stand_in
 
 
 def test_a_project_draws_its_held_out_images_as_the_held_out_kind(tmp_path, monkeypatch):
