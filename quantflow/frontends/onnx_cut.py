@@ -30,17 +30,18 @@ class SuppressionTail:
     score_threshold: float | None
 
 
-def _constants(graph) -> dict:
-    """Name -> value of the graph's initializers and Constant nodes' outputs."""
+def _constant(graph, name: str):
+    """The value of ``name`` where an initializer or a Constant node holds it, else None."""
     from onnx import numpy_helper
 
-    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    for t in graph.initializer:
+        if t.name == name:
+            return numpy_helper.to_array(t)
     for n in graph.node:
-        if n.op_type == "Constant" and n.output:
+        if n.op_type == "Constant" and list(n.output) == [name]:
             value = next((a for a in n.attribute if a.name == "value"), None)
-            if value is not None:
-                values[n.output[0]] = numpy_helper.to_array(value.t)
-    return values
+            return numpy_helper.to_array(value.t) if value is not None else None
+    return None
 
 
 def suppression_tail(model) -> SuppressionTail | None:
@@ -49,10 +50,9 @@ def suppression_tail(model) -> SuppressionTail | None:
     node = next((n for n in g.node if n.op_type in SUPPRESSION_OPS and n.domain in ("", "ai.onnx")), None)
     if node is None or len(node.input) < 2:
         return None
-    consts = _constants(g)
 
     def scalar(k: int) -> float | None:
-        v = consts.get(node.input[k]) if k < len(node.input) and node.input[k] else None
+        v = _constant(g, node.input[k]) if k < len(node.input) and node.input[k] else None
         return float(v.reshape(-1)[0]) if v is not None and v.size == 1 else None
 
     return SuppressionTail(node.name or node.output[0], node.input[0], node.input[1], scalar(3), scalar(4))
