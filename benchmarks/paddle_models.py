@@ -44,7 +44,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from benchmarks.tflite_models import TAIL, _fig, head_comment, quantflow_cmd
+from benchmarks import new_user
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEEL = "paddlelabel-ml==1.0.0"
@@ -92,7 +92,7 @@ def convert(python: Path, model_dir: Path, onnx: Path) -> dict:
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", ln) for ln in (r.stdout + r.stderr).splitlines()]
     return {"command": " ".join(["paddle2onnx", *cmd[1:]]), "exit": r.returncode,
             "seconds": time.perf_counter() - t0, "notes": [ln for ln in lines if "[Paddle2ONNX]" in ln],
-            "tail": lines[-TAIL:] if r.returncode else []}
+            "tail": lines[-new_user.TAIL:] if r.returncode else []}
 
 
 def normalization(model_dir: Path) -> dict:
@@ -149,37 +149,15 @@ def run(a, workdir: Path) -> dict:
     folder.mkdir(parents=True)
     shutil.copy(onnx, folder / ONNX_NAME)
     calib, evals = images(workdir, a.calib, a.evals, a.seed)
-    shutil.copytree(calib, folder / "calib")
-    shutil.copytree(evals, folder / "eval")
-    r = subprocess.run([*quantflow_cmd(), "init", "--onnx", ONNX_NAME, "--calib", "calib", "--eval", "eval"],
-                       cwd=folder, capture_output=True, text=True)
-    row["init"] = {"exit": r.returncode, "output": (r.stdout + r.stderr).strip().splitlines()}
-    print(f"quantflow init exit {r.returncode}", flush=True)
-    if r.returncode:
-        row["stopped"] = {"at": "quantflow init", "message": row["init"]["output"][-TAIL:]}
+    if not new_user.init(folder, ONNX_NAME, calib, evals, row, ""):
         return row
     toml = folder / "quantflow.toml"
     conf = tomllib.loads(toml.read_text())
-    row["recognised"] = head_comment(toml)
+    row["recognised"] = new_user.head_comment(toml)
     row["written"] = {"outputs": conf["model"].get("outputs"), "inputs": conf["model"].get("inputs"),
                       "metric": conf["evaluation"].get("metric"), "options": conf["evaluation"].get("options")}
     row["edited"] = set_normalization(toml, normalization(model_dir))
-    log = folder / "build.log"
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        b = subprocess.run(["nice", "-n", "10", *quantflow_cmd(), "build"], cwd=folder, stdout=f,
-                           stderr=subprocess.STDOUT)
-    row["build"] = {"exit": b.returncode, "seconds": time.perf_counter() - t0, "log": str(log)}
-    print(f"quantflow build exit {b.returncode} in {row['build']['seconds']:.0f} s", flush=True)
-    reports = sorted((folder / "build").glob("artifacts/gate/*/accuracy_report.json"), key=lambda p: p.stat().st_mtime)
-    if not reports:
-        row["stopped"] = {"at": "quantflow build", "message": log.read_text().strip().splitlines()[-TAIL:]}
-        return row
-    rep = json.loads(reports[-1].read_text())
-    txt = reports[-1].with_suffix(".txt").read_text().splitlines()
-    row["report"] = {k: rep.get(k) for k in ("verdict", "passed", "figures", "distance", "float16", "images",
-                                             "numbers")}
-    row["floor_line"] = next((ln.strip() for ln in txt if ln.strip().startswith("INT8 changes")), "")
+    new_user.build(folder, row, "")
     return row
 
 
@@ -191,14 +169,7 @@ def format_table(rows: list[dict]) -> str:
         wrote = (f"model.outputs = {w.get('outputs')}, [model.inputs] {w.get('inputs')}, `{w.get('metric')}`"
                  if w else "-")
         did = "; ".join(["paddle2onnx --opset_version 11", "init", *(r.get("edited") or []), "build"])
-        if r.get("stopped"):
-            msg = " / ".join(r["stopped"]["message"][-2:]).replace("|", "\\|")
-            verdict, floor, secs = f"stopped at {r['stopped']['at']}: {msg}", "-", "-"
-        else:
-            rep = r["report"]
-            gated = [f for f in rep["figures"] or [] if f.get("gated", True)]
-            verdict = f"**{rep['verdict']}** (exit {r['build']['exit']}): " + "; ".join(_fig(f) for f in gated)
-            floor, secs = r["floor_line"].replace("|", "\\|"), f"{r['build']['seconds']:.0f}"
+        verdict, floor, secs = new_user.verdict_cell(r)
         lines.append(f"| {r['case']} | {wrote} | {did} | {verdict} | {floor} | {secs} |")
     return "\n".join(lines)
 

@@ -203,16 +203,21 @@ def shapes(rng, h: int, w: int) -> np.ndarray:
     return img
 
 
-@functools.cache
-def _lfw_subset() -> np.ndarray:
-    """scikit-image's 200 LFW crops (100 faces, then 100 non-faces), 25 x 25 in 0..1, read from the wheel without
-    importing skimage (``pip install --no-deps scikit-image`` is enough)."""
+def _skimage_data(kinds: str) -> Path:
+    """scikit-image's data folder, found without importing skimage (``pip install --no-deps scikit-image`` is
+    enough); ``kinds`` names what needs it in the message where it is missing."""
     import importlib.util
 
     spec = importlib.util.find_spec("skimage")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("the faces kinds need scikit-image's data: pip install --no-deps scikit-image")
-    return np.load(Path(spec.submodule_search_locations[0]) / "data" / "lfw_subset.npy")
+        raise SystemExit(f"the {kinds} kinds need scikit-image's data: pip install --no-deps scikit-image")
+    return Path(spec.submodule_search_locations[0]) / "data"
+
+
+@functools.cache
+def _lfw_subset() -> np.ndarray:
+    """scikit-image's 200 LFW crops (100 faces, then 100 non-faces), 25 x 25 in 0..1, read from the wheel."""
+    return np.load(_skimage_data("faces") / "lfw_subset.npy")
 
 
 def _paste(img, rng, patch: np.ndarray, tint: np.ndarray) -> None:
@@ -243,8 +248,14 @@ def _faces(rng, h: int, w: int, half: int) -> np.ndarray:
     for _ in range(int(rng.integers(0, 3))):
         _paste(img, rng, others[rng.integers(len(others))], rng.uniform(0.6, 1.2, 3))
     for _ in range(int(rng.integers(1, 4))):
-        _paste(img, rng, faces[rng.integers(len(faces))], np.array([0.72, 0.85, 1.0]) * rng.uniform(0.6, 1.2))
+        _paste_face(img, rng, faces)
     return img
+
+
+def _paste_face(img, rng, faces: np.ndarray) -> None:
+    """One of ``faces``, tinted to a skin tone (BGR gains), pasted (``_paste``)."""
+    face = faces[rng.integers(len(faces))]
+    _paste(img, rng, face, np.array([0.72, 0.85, 1.0]) * rng.uniform(0.6, 1.2))
 
 
 def faces(rng, h: int, w: int) -> np.ndarray:
@@ -263,12 +274,7 @@ SCENE_PHOTOS = (("astronaut.png", "chelsea.png", "motorcycle_left.png", "rocket.
 @functools.cache
 def _photo(name: str) -> np.ndarray:
     """One of scikit-image's photographs (BGR uint8), read from the wheel's data folder."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("skimage")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("the scenes kinds need scikit-image's data: pip install --no-deps scikit-image")
-    img = cv2.imread(str(Path(spec.submodule_search_locations[0]) / "data" / name), cv2.IMREAD_COLOR)
+    img = cv2.imread(str(_skimage_data("scenes") / name), cv2.IMREAD_COLOR)
     if img is None:
         raise SystemExit(f"scikit-image's data holds no readable {name}")
     return img
@@ -294,7 +300,7 @@ def _scenes(rng, h: int, w: int, half: int) -> np.ndarray:
         img[y:y + th, x:x + tw] = patch
     faces, _ = lfw_half(half)
     for _ in range(int(rng.integers(0, 3))):
-        _paste(img, rng, faces[rng.integers(len(faces))], np.array([0.72, 0.85, 1.0]) * rng.uniform(0.6, 1.2))
+        _paste_face(img, rng, faces)
     return img
 
 

@@ -48,6 +48,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks import new_user
 from benchmarks.rows import chosen
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +57,6 @@ MEDIAPIPE = "0.10.14"            # its wheels hold mediapipe/modules/*.tflite (1
 CONVERTER = ("tensorflow-cpu==2.15.1", "tf2onnx==1.17.0", "onnx==1.16.2", "numpy<2")
 HALF = ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])   # RGB to [-1, 1]
 ZERO = ([0.0, 0.0, 0.0], [1.0, 1.0, 1.0])   # RGB to [0, 1]
-TAIL = 12                                   # lines of a refused init's or a stopped build's output kept
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def convert(python: Path, tflite: Path, onnx: Path, opset: int, args: tuple) -> 
     lines = (r.stdout + r.stderr).splitlines()
     notes = [re.sub(r"^\S+ \S+ - ", "", ln) for ln in lines if re.search(r" - (WARNING|ERROR) - ", ln)]
     return {"command": " ".join(["python", *cmd[1:]]), "exit": r.returncode, "seconds": time.perf_counter() - t0,
-            "warnings": list(dict.fromkeys(notes)), "tail": lines[-TAIL:] if r.returncode else []}
+            "warnings": list(dict.fromkeys(notes)), "tail": lines[-new_user.TAIL:] if r.returncode else []}
 
 
 def images(workdir: Path, size: int, calib: int, evals: int, seed: int) -> tuple[Path, Path]:
@@ -153,11 +153,6 @@ def images(workdir: Path, size: int, calib: int, evals: int, seed: int) -> tuple
     return base / "calib", base / "eval"
 
 
-def quantflow_cmd() -> list[str]:
-    script = Path(sys.executable).parent / "quantflow"
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "quantflow.cli"]
-
-
 def set_edit_lines(toml: Path, mean: list, std: list) -> list[str]:
     """The normalization and AIPP lines marked EDIT set to MediaPipe's preprocessing (RGB frames in, RGB to the
     network); returns what was set."""
@@ -171,18 +166,6 @@ def set_edit_lines(toml: Path, mean: list, std: list) -> list[str]:
             raise SystemExit(f"{toml}: no line '{key} = ...' to edit")
     toml.write_text(text)
     return [f"{k} = {v}" for k, v in sets.items()]
-
-
-def head_comment(toml: Path) -> str:
-    """The comment quantflow init writes above ``evaluation.metric`` (what it recognised), as one line."""
-    text = toml.read_text()
-    section = text[text.find("[evaluation]"):]
-    lines = []
-    for ln in section.splitlines()[1:]:
-        if not ln.startswith("#"):
-            break
-        lines.append(ln.lstrip("# ").rstrip())
-    return " ".join(lines)
 
 
 def run_case(name: str, case: Case, a, workdir: Path, whl: Path) -> dict:
@@ -201,47 +184,17 @@ def run_case(name: str, case: Case, a, workdir: Path, whl: Path) -> dict:
         row["stopped"] = {"at": "tf2onnx", "message": conv["tail"]}
         return row
     calib, evals = images(workdir, case.size, a.calib, a.evals, a.seed)
-    shutil.copytree(calib, folder / "calib")
-    shutil.copytree(evals, folder / "eval")
-    r = subprocess.run([*quantflow_cmd(), "init", "--onnx", f"{stem}.onnx", "--calib", "calib", "--eval", "eval"],
-                       cwd=folder, capture_output=True, text=True)
-    row["init"] = {"exit": r.returncode, "output": (r.stdout + r.stderr).strip().splitlines()}
-    print(f"{name}: quantflow init exit {r.returncode}", flush=True)
-    if r.returncode:
-        row["stopped"] = {"at": "quantflow init", "message": row["init"]["output"][-TAIL:]}
+    if not new_user.init(folder, f"{stem}.onnx", calib, evals, row, f"{name}: "):
         return row
     toml = folder / "quantflow.toml"
     conf = tomllib.loads(toml.read_text())
-    row["recognised"] = head_comment(toml)
+    row["recognised"] = new_user.head_comment(toml)
     row["metric"] = conf["evaluation"].get("metric")
     row["limits"] = {"min": conf["evaluation"].get("min"), "max": conf["evaluation"].get("max")}
     row["input"] = {k: conf["model"].get(k) for k in ("input_shape", "input_layout", "input_name")}
     row["edited"] = set_edit_lines(toml, *case.norm)
-    log = folder / "build.log"
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        b = subprocess.run(["nice", "-n", "10", *quantflow_cmd(), "build"], cwd=folder, stdout=f,
-                           stderr=subprocess.STDOUT)
-    row["build"] = {"exit": b.returncode, "seconds": time.perf_counter() - t0, "log": str(log)}
-    print(f"{name}: quantflow build exit {b.returncode} in {row['build']['seconds']:.0f} s", flush=True)
-    reports = sorted((folder / "build").glob("artifacts/gate/*/accuracy_report.json"), key=lambda p: p.stat().st_mtime)
-    if not reports:
-        row["stopped"] = {"at": "quantflow build", "message": log.read_text().strip().splitlines()[-TAIL:]}
-        return row
-    rep = json.loads(reports[-1].read_text())
-    txt = reports[-1].with_suffix(".txt").read_text().splitlines()
-    row["report"] = {k: rep.get(k) for k in ("verdict", "passed", "figures", "distance", "float16", "quantized_ops",
-                                             "images", "numbers")}
-    row["report"]["path"] = str(reports[-1])
-    row["floor_line"] = next((ln.strip() for ln in txt if ln.strip().startswith("INT8 changes")), "")
-    row["float16_line"] = next((ln.strip() for ln in txt if ln.strip().startswith("the float16 floor")), "")
+    new_user.build(folder, row, f"{name}: ")
     return row
-
-
-def _fig(f: dict) -> str:
-    side = ">=" if f.get("kind") == "min" else "<="
-    iv = f" [{f['low']:.4g}, {f['high']:.4g}]" if f.get("low") is not None else ""
-    return f"{f.get('label') or f.get('id')} {f['value']:.4g}{iv} ({side} {f['limit']:g}): {f['verdict']}"
 
 
 def did_cell(r: dict) -> str:
@@ -262,16 +215,7 @@ def format_table(rows: list[dict]) -> str:
              "| float16 floor (accuracy_report.txt) | s |", "|---|---|---|---|---|---|"]
     for r in rows:
         kind = r["kind"] + (f" (`{r['metric']}`)" if r.get("metric") else "")
-        if r.get("stopped"):
-            msg = " / ".join(r["stopped"]["message"][-2:]).replace("|", "\\|")
-            verdict, floor = f"stopped at {r['stopped']['at']}: {msg}", "-"
-            secs = f"{r['build']['seconds']:.0f}" if r.get("build") else "-"
-        else:
-            rep = r["report"]
-            gated = [f for f in rep["figures"] or [] if f.get("gated", True)]
-            verdict = f"**{rep['verdict']}** (exit {r['build']['exit']}): " + "; ".join(_fig(f) for f in gated)
-            floor = r["floor_line"].replace("|", "\\|")
-            secs = f"{r['build']['seconds']:.0f}"
+        verdict, floor, secs = new_user.verdict_cell(r)
         lines.append(f"| {r['case']} | {kind} | {did_cell(r)} | {verdict} | {floor} | {secs} |")
     return "\n".join(lines)
 

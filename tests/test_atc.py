@@ -41,19 +41,25 @@ print("ATC run success, welcome to the next use.")
 """
 
 
-@pytest.fixture
-def fake_atc(tmp_path, monkeypatch):
-    bindir = tmp_path / "bin"
+def fake_atc_on_path(folder: Path, monkeypatch) -> tuple[Path, Path]:
+    """``FAKE_ATC`` as ``folder/bin/atc``, first on PATH for the rest of the test (no CANN toolkit home):
+    (the executable, the log of its calls, ``folder/atc_calls.jsonl``)."""
+    bindir = folder / "bin"
     bindir.mkdir()
-    (tmp_path / "m.air").write_bytes(b"AIR model")  # the model the direct command-line tests convert
     exe = bindir / "atc"
     exe.write_text(FAKE_ATC)
     exe.chmod(0o755)
-    log = tmp_path / "atc_calls.jsonl"
+    log = folder / "atc_calls.jsonl"
     monkeypatch.setenv("FAKE_ATC_LOG", str(log))
     monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     return exe, log
+
+
+@pytest.fixture
+def fake_atc(tmp_path, monkeypatch):
+    (tmp_path / "m.air").write_bytes(b"AIR model")  # the model the direct command-line tests convert
+    return fake_atc_on_path(tmp_path, monkeypatch)
 
 
 def test_find_atc_on_path_and_in_toolkit_home(tmp_path):

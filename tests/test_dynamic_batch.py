@@ -4,7 +4,6 @@ configuration's messages."""
 from __future__ import annotations
 
 import json
-import os
 import tomllib
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,7 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from support import deploy_interpreter, nets
-from test_atc import FAKE_ATC, set_build, write_export
+from test_atc import fake_atc_on_path, set_build, write_export
 
 from quantflow.backends.atc import atc_command
 from quantflow.backends.batch import BATCH_DIM, batch_check, batch_free_axes, free_batch
@@ -161,14 +160,7 @@ def stand_in_atc(tmp_path, monkeypatch):
     from quantflow.pipeline.build import Build
     from quantflow.tasks import STAGES
 
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "atc").write_text(FAKE_ATC)
-    (bindir / "atc").chmod(0o755)
-    log = tmp_path / "atc_calls.jsonl"
-    monkeypatch.setenv("FAKE_ATC_LOG", str(log))
-    monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    _, log = fake_atc_on_path(tmp_path, monkeypatch)
     kdir = tmp_path / "build" / "artifacts" / "k"
     kdir.mkdir(parents=True)
     (kdir / "aipp.cfg").write_text("aipp_op {\n}\n")

@@ -5,7 +5,6 @@ written by ``quantflow init``, and built end to end."""
 from __future__ import annotations
 
 import json
-import os
 import tomllib
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from support.device_standin import check_dump, standin_om, use_standin
-from support.project import tiny_project
+from support.project import init_onnx_project
 
 import quantflow
 from quantflow.backends.aipp import check_input_rank
@@ -31,7 +30,6 @@ from quantflow.frontends.source import onnxruntime_outputs
 from quantflow.quantization.calibrater import calibrate
 from quantflow.quantization.deploy import quantized_graph
 from quantflow.quantization.passes import fold_for_quantization
-from quantflow.scaffold import write
 from quantflow.tasks.atc import other_inputs
 from quantflow.tasks.summary import latest_path
 
@@ -177,12 +175,7 @@ def test_init_guesses_values_from_the_names():
 
 def _init_two_input_project(tmp_path: Path) -> Path:
     """The tiny project with the two-input detector, its quantflow.toml written as quantflow init writes it."""
-    project = tiny_project(tmp_path / "p")
-    two_input_detector(project / "det.onnx")
-    (project / "quantflow.toml").unlink()
-    out, _ = write(project / "quantflow.toml", calib=project / "calib_data", eval=project / "eval_data",
-                   onnx=project / "det.onnx")
-    return out
+    return init_onnx_project(tmp_path / "p", "det.onnx", two_input_detector)
 
 
 def test_init_writes_the_inputs_table_and_the_build_reads_it(tmp_path):
@@ -202,16 +195,9 @@ def test_batch_sizes_free_every_input_and_name_each_at_the_batch_for_atc(tmp_pat
     """build.batch_sizes with model.inputs: deploy.onnx (graph.onnx for an FP32 .om) is free in the batch of both
     inputs and of the computed outputs, the constant output keeps its shape, the batch check feeds scale_factor at
     the largest batch, and atc names scale_factor at each .om's batch (-1 with batch profiles)."""
-    from test_atc import FAKE_ATC
+    from test_atc import fake_atc_on_path
 
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "atc").write_text(FAKE_ATC)
-    (bindir / "atc").chmod(0o755)
-    log = tmp_path / "atc_calls.jsonl"
-    monkeypatch.setenv("FAKE_ATC_LOG", str(log))
-    monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    _, log = fake_atc_on_path(tmp_path, monkeypatch)
     out = _init_two_input_project(tmp_path)
     line = "# batch_sizes = [1, 8, 16]"   # init offers it: the file's batch is free
     assert line in out.read_text()

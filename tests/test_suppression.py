@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from support.nms_onnx import ANCHORS, BOXES, CLASSES, IOU, NMS, SCORE, SCORES, SIZE, nms_detector
-from support.project import tiny_project
+from support.project import init_onnx_project
 
 import quantflow
 from quantflow.config import load_config
@@ -23,7 +23,6 @@ from quantflow.evaluation.task import TaskMetric
 from quantflow.frontends.onnx_cut import cut, suppression_tail
 from quantflow.frontends.onnx_model import read_onnx
 from quantflow.frontends.source import onnxruntime_outputs
-from quantflow.scaffold import write
 
 SHAPE = (1, 3, SIZE, SIZE)
 SCALE = [2.0, 0.5]   # sy, sx
@@ -160,12 +159,7 @@ def _batch(n, h, w):
 
 # ------------------------------------------------------------------------------------------------ init, build
 def _init(tmp_path):
-    project = tiny_project(tmp_path / "p")
-    onnx.save(nms_detector(), str(project / "ppdet.onnx"))
-    (project / "quantflow.toml").unlink()
-    out, _ = write(project / "quantflow.toml", calib=project / "calib_data", eval=project / "eval_data",
-                   onnx=project / "ppdet.onnx")
-    return out
+    return init_onnx_project(tmp_path / "p", "ppdet.onnx", lambda path: onnx.save(nms_detector(), str(path)))
 
 
 def test_init_cuts_at_the_suppression_and_gates_the_detections(tmp_path):

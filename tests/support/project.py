@@ -117,3 +117,16 @@ def tiny_project(project: Path, config: str | None = None) -> Path:
                 shutil.copy(image, project / folder / cls.name / image.name)
     (project / "quantflow.toml").write_text(config or tiny_config())
     return project
+
+
+def init_onnx_project(project: Path, onnx_name: str, save_model) -> Path:
+    """``tiny_project``'s images with the ONNX model ``save_model(path)`` writes as ``onnx_name`` and quantflow.toml
+    as ``quantflow init`` writes it for them; returns that file."""
+    from quantflow.scaffold import write
+
+    tiny_project(project)
+    save_model(project / onnx_name)
+    (project / "quantflow.toml").unlink()
+    out, _ = write(project / "quantflow.toml", calib=project / "calib_data", eval=project / "eval_data",
+                   onnx=project / onnx_name)
+    return out
