@@ -416,9 +416,10 @@ def with_static_shapes(src: Path, dst: Path, shape, inputs: dict | None = None) 
     pre-processing")."""
     import onnx
 
+    from quantflow.engine.onnx_builder import graph_inputs
+
     m = onnx.load(str(src))
-    inits = {t.name for t in m.graph.initializer}
-    declared = [i for i in m.graph.input if i.name not in inits]
+    declared = graph_inputs(m)
     image = next(i for i in declared if i.name not in (inputs or {}))
     for d, v in zip(image.type.tensor_type.shape.dim, shape):
         d.Clear()
@@ -460,10 +461,11 @@ def calibration_feeds(model, inputs: dict | None = None):
     (``other_feeds``)."""
     from onnx import helper
 
-    inits = {t.name for t in model.graph.initializer}
+    from quantflow.engine.onnx_builder import graph_inputs
+
     declared = [(i.name, [d.dim_value if d.HasField("dim_value") else d.dim_param for d in t.shape.dim],
                  np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)).name)
-                for i in model.graph.input if i.name not in inits for t in [i.type.tensor_type]]
+                for i in graph_inputs(model) for t in [i.type.tensor_type]]
     image, others = other_feeds(declared, inputs or {}, 1, model.graph.name or "model")
     return lambda x: {image: x, **others}
 

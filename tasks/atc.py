@@ -48,11 +48,11 @@ def other_inputs(model: Path, framework: int) -> dict[str, list[int]]:
     none for an AIR."""
     import onnx
 
+    from quantflow.engine.onnx_builder import graph_inputs
+
     if framework != 5:
         return {}
-    graph = onnx.load(str(model), load_external_data=False).graph
-    inits = {t.name for t in graph.initializer}
-    inputs = [i for i in graph.input if i.name not in inits]
+    inputs = graph_inputs(onnx.load(str(model), load_external_data=False))
     return {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in inputs[1:]}
 
 

@@ -85,8 +85,9 @@ def batch_consistency(cfg, deploy, calibration_paths) -> dict:
 def fixed_feeds(graph, model) -> dict:
     """``graph``'s other inputs' values (``Graph.fixed_inputs``) by the names of ``model``, its lowering (whose
     inputs are the graph's, in order, some renamed)."""
-    inits = {t.name for t in model.graph.initializer}
-    names = dict(zip(graph.inputs, (i.name for i in model.graph.input if i.name not in inits)))
+    from quantflow.engine.onnx_builder import graph_inputs
+
+    names = dict(zip(graph.inputs, (i.name for i in graph_inputs(model))))
     return {names[k]: v for k, v in graph.fixed_inputs.items()}
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..engine.onnx_builder import graph_inputs
 from ..errors import UnsupportedNetworkError
 
 BATCH_DIM = "batch"
@@ -49,7 +50,7 @@ class _Tracker:
         self.m, self.what = model, what
         self.inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
         self.shapes = _static_shapes(model)
-        inputs = _inputs(model)
+        inputs = graph_inputs(model)
         self.n = self.shapes[inputs[0].name][0]
         self.state: dict[str, tuple[int, bool]] = {i.name: (0, True) for i in inputs}
         self._fresh = 0
@@ -86,12 +87,6 @@ class _Tracker:
             out = _HANDLERS.get(node.op_type, _elementwise)(self, node, self.state[carried[0]], carried)
             if out is not None:   # else the handler set each output's own
                 self.state.update((o, out) for o in node.output if o)
-
-
-def _inputs(model: onnx.ModelProto) -> list:
-    """The graph's inputs (not its initializers), the image input first."""
-    inits = {t.name for t in model.graph.initializer}
-    return [i for i in model.graph.input if i.name not in inits]
 
 
 def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
@@ -388,7 +383,7 @@ def free_batch(model: onnx.ModelProto, what: str, constant_outputs=()) -> onnx.M
             raise UnsupportedNetworkError(f"{what}: output {vi.name!r} {why}, so the graph cannot run at a free "
                                           f"batch size; build.batch_sizes cannot be used with this network")
         _free_dim(vi, st[0])
-    for vi in _inputs(m):
+    for vi in graph_inputs(m):
         _free_dim(vi, 0)
     del m.graph.value_info[:]
     return m

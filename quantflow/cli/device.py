@@ -97,11 +97,10 @@ def other_inputs(source_onnx: Path, fixed: dict, batch: int) -> list[tuple[str, 
     from onnx.helper import tensor_dtype_to_np_dtype
 
     from ..data.extra_inputs import FIELD, batch_of
+    from ..engine.onnx_builder import graph_inputs
 
-    graph = onnx.load(str(source_onnx), load_external_data=False).graph
-    inits = {t.name for t in graph.initializer}
     out = []
-    for i in [i for i in graph.input if i.name not in inits][1:]:
+    for i in graph_inputs(onnx.load(str(source_onnx), load_external_data=False))[1:]:
         if i.name not in fixed:
             raise QuantflowError(f"{source_onnx} takes input {i.name!r}, which {FIELD} gives no value: rebuild with "
                                  f"this configuration (`quantflow build`)")

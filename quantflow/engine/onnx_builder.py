@@ -22,6 +22,13 @@ def onnx_type(dtype: str) -> int:
     return _ONNX_TYPES[str(np.dtype(dtype))]
 
 
+def graph_inputs(model: onnx.ModelProto) -> list:
+    """The inputs of an ONNX model that are fed, in its order: not its initializers (models of IR version < 4
+    list those as inputs too)."""
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
 class OnnxBuilder:
     def __init__(self, name: str = "quantflow", opset: int = OPSET, target: str = "compute", taken=()):
         """``target``: "compute" lowers every op to what it computes (Ascend quantization operators

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..engine.onnx_builder import graph_inputs
 from ..errors import UnsupportedNetworkError
 
 FIELD = "model.outputs"
@@ -87,7 +88,7 @@ def cut(model, outputs: Sequence[str], source: str):
     g = model.graph
     producer = {o: k for k, n in enumerate(g.node) for o in n.output if o}
     inits = {t.name for t in g.initializer}
-    inputs = [i.name for i in g.input if i.name not in inits]
+    inputs = [i.name for i in graph_inputs(model)]
     for name in outputs:
         if name not in producer:
             what = "an input of the model" if name in inputs else "a weight" if name in inits else "no tensor of it"

@@ -49,6 +49,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..engine.onnx_builder import graph_inputs
 from ..errors import UnsupportedNetworkError
 from ..ir import Graph, Node, TensorInfo
 from .onnx_custom import TRANSPOSE_CONV_BIAS, is_standard, standard_form, unknown_op_fix
@@ -149,13 +150,13 @@ class _Reader:
         for t in self.g.initializer:
             self.values[t.name] = Const(numpy_helper.to_array(t), self.claim(t.name))
         inputs = []
-        for i in _graph_inputs(self.model):
+        for i in graph_inputs(self.model):
             tt = i.type.tensor_type
             name = self.claim(i.name)
             self.tensors[name] = TensorInfo(tuple(_dims(tt)), _dtype_name(tt.elem_type))
             self.values[i.name] = name
             inputs.append(name)
-        renamed = dict(zip((i.name for i in _graph_inputs(self.model)), inputs))
+        renamed = dict(zip((i.name for i in graph_inputs(self.model)), inputs))
         fixed = {renamed[k]: v for k, v in self.fixed.items()}
         inputs.sort(key=lambda i: i in fixed)   # the image input first
         needed = self._needed()
@@ -341,7 +342,7 @@ def read_onnx(path, input_shape: Sequence[int] | None = None, input_layout: str 
     fixed = _fix_extra_inputs(model, source, extra_inputs or {}, input_shape)
     if input_shape is not None:
         _fix_input_shape(model, source, input_shape, input_layout, fixed)
-    for i in _graph_inputs(model):
+    for i in graph_inputs(model):
         dims = _dims(i.type.tensor_type)
         if not is_static(dims):
             raise UnsupportedNetworkError(_dynamic_message(source, i.name, dims))
@@ -448,7 +449,7 @@ def _fix_extra_inputs(model, source: str, extra: dict, input_shape: Sequence[int
 
     if not extra:
         return {}
-    by_name = {i.name: i for i in _graph_inputs(model)}
+    by_name = {i.name: i for i in graph_inputs(model)}
     unknown = [k for k in extra if k not in by_name]
     if unknown:
         raise UnsupportedNetworkError(
@@ -474,11 +475,6 @@ def _fix_extra_inputs(model, source: str, extra: dict, input_shape: Sequence[int
             tt.shape.dim.add().dim_value = int(d)
         values[name] = v
     return values
-
-
-def _graph_inputs(model) -> list:
-    inits = {t.name for t in model.graph.initializer}
-    return [i for i in model.graph.input if i.name not in inits]  # IR version < 4 lists initializers as inputs too
 
 
 # ----------------------------------------------------------------------------- shapes at the fixed input shape
@@ -537,7 +533,7 @@ def _onnxruntime_shapes(model, values: list[str]) -> dict[str, list]:
     opts.log_severity_level = 3
     sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     feeds = {}
-    for i in _graph_inputs(probe):
+    for i in graph_inputs(probe):
         tt = i.type.tensor_type
         feeds[i.name] = np.zeros(_dims(tt), helper.tensor_dtype_to_np_dtype(tt.elem_type))
     outs = sess.run(values, feeds)
@@ -577,7 +573,7 @@ def refuse_quantized(model, source: str) -> None:
 def _fix_input_shape(model, source: str, shape: Sequence[int], input_layout: str = "NCHW", extra=()) -> None:
     """The image input's dims (the one graph input not in ``extra``) set to ``shape`` (as configured: N, C, H, W
     for an image input, in the file's order ``file_input_shape``); a static dim of the file must agree."""
-    inputs = [i for i in _graph_inputs(model) if i.name not in extra]
+    inputs = [i for i in graph_inputs(model) if i.name not in extra]
     if len(inputs) != 1:
         raise UnsupportedNetworkError(several_inputs_message(source, [i.name for i in inputs]))
     given, shape = list(shape), file_input_shape(shape, input_layout)
